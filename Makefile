@@ -1,0 +1,37 @@
+# somashim. `make test`: CPU suite (no GPU). `make gpu-test`, `make demo`, `make bench`:
+# need a GPU and nvcc; SHIM=path/to/libsomashim.so uses a prebuilt library (no cargo).
+SHELL := /bin/bash
+CUDA_RUNTIME_PIN := 13.0.96
+BUILD := build
+CUDA_HEADERS := $(BUILD)/cuda/nvidia/cu13/include
+SHIM ?=
+SHIM_LIB := $(if $(SHIM),$(SHIM),target/release/libsomashim.so)
+
+.PHONY: test gpu-test demo bench headers shim clean
+
+# Real CUDA headers for the CPU test double, from the pinned pip package.
+headers: $(CUDA_HEADERS)/cuda.h
+$(CUDA_HEADERS)/cuda.h:
+	python3 -m pip install --quiet --no-deps --target $(BUILD)/cuda nvidia-cuda-runtime==$(CUDA_RUNTIME_PIN)
+
+shim:
+ifeq ($(SHIM),)
+	cargo build --release
+endif
+
+test: headers
+	cargo build --release
+	scripts/cpu_test.sh target/release/libsomashim.so $(CUDA_HEADERS)
+
+gpu-test: shim
+	scripts/gpu_test.sh $(SHIM_LIB)
+
+demo: shim
+	scripts/demo.sh $(SHIM_LIB)
+
+bench: shim
+	scripts/bench.sh $(SHIM_LIB)
+
+clean:
+	rm -rf $(BUILD)
+	cargo clean

@@ -1,0 +1,405 @@
+//! The allocator core: one per process, shared by every front door.
+//!
+//! It owns the pointer map, the per-device pools, the registry of
+//! non-blocking streams (every free is ordered after them), the set of stream
+//! captures in progress, and the peer-access grants. Front doors (the runtime
+//! exports) decide *whether* a call is the pool's; the core does the pooling.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+
+use crate::config::Config;
+use crate::device::{AllocFailure, Device, Predecessors};
+use crate::driver::{Context, Driver, Event, Stream};
+use crate::passthrough::Passthrough;
+use crate::ptrmap::{Block, PointerMap};
+
+pub struct Allocator {
+    pub config: Config,
+    map: PointerMap,
+    /// By device ordinal; `None` where the device cannot be pooled.
+    devices: RwLock<HashMap<i32, Option<Arc<Device>>>>,
+    streams: Mutex<StreamRegistry>,
+    /// Captures in progress, keyed by stream and, for the per-thread default
+    /// stream (one handle, many streams), by thread. Held for reading while a
+    /// free records events, so no capture can begin in between.
+    captures: RwLock<HashMap<CaptureKey, usize>>,
+    /// Frees that arrived during a capture, issued once no capture is in progress.
+    deferred: Mutex<Vec<(u64, Block)>>,
+    /// (owner, accessor): `accessor` enabled peer access to `owner`'s memory.
+    peer_grants: Mutex<HashSet<(i32, i32)>>,
+}
+
+#[derive(Default)]
+struct StreamRegistry {
+    /// Live non-blocking streams, with their context.
+    nonblocking: Vec<(Context, Stream)>,
+    /// Events recorded as the last work of destroyed non-blocking streams.
+    tails: Vec<(Context, Event)>,
+}
+
+type CaptureKey = (usize, u64);
+
+/// What became of a `free` request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Freed {
+    /// The pool's pointer, freed on `device`.
+    Issued { device: i32 },
+    /// The pool's pointer, queued until no capture is in progress.
+    Deferred,
+    /// Not the pool's: the real free must handle it.
+    NotOurs,
+}
+
+static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
+
+/// The process's allocator. The first call reads the configuration; a bad
+/// value ends the process with status 2 before anything is allocated.
+pub fn get() -> &'static Allocator {
+    ALLOCATOR.get_or_init(|| {
+        let config = match Config::from_lookup(|name| std::env::var(name).ok()) {
+            Ok(config) => config,
+            Err(error) => {
+                eprintln!("{error}");
+                std::process::exit(2);
+            }
+        };
+        init_logging(&config);
+        for (name, value) in &config.effective {
+            log::debug!("{name}={value}");
+        }
+        Allocator {
+            config,
+            map: PointerMap::default(),
+            devices: RwLock::new(HashMap::new()),
+            streams: Mutex::new(StreamRegistry::default()),
+            captures: RwLock::new(HashMap::new()),
+            deferred: Mutex::new(Vec::new()),
+            peer_grants: Mutex::new(HashSet::new()),
+        }
+    })
+}
+
+fn init_logging(config: &Config) {
+    let _ = env_logger::Builder::new()
+        .parse_filters(&config.log)
+        .format_target(false)
+        .format_timestamp(None)
+        .format_module_path(false)
+        .try_init();
+}
+
+/// A poisoned lock only means a panic was caught at an export; every update
+/// under these locks is a single insert or removal, so the data is consistent.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Allocator {
+    /// Whether the configuration sends this request to the real allocator.
+    pub fn size_passthrough(&self, size: u64) -> Option<Passthrough> {
+        if self.config.disable {
+            Some(Passthrough::Disabled)
+        } else if size == 0 {
+            Some(Passthrough::ZeroSize)
+        } else if !self.config.pools_size(size) {
+            Some(Passthrough::SizeOutOfRange)
+        } else {
+            None
+        }
+    }
+
+    pub fn capture_in_progress(&self) -> bool {
+        !self.captures.read().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    /// Allocates `size` bytes in the current context's device pool.
+    pub fn alloc(&self, driver: &Driver, size: u64) -> Result<u64, Passthrough> {
+        let context = match driver.current_context() {
+            Ok(Some(context)) => context,
+            _ => return Err(Passthrough::NoContext),
+        };
+        let device = self.device(driver, context)?;
+        self.issue_deferred_frees(driver);
+        match device.alloc(driver, size) {
+            Ok(ptr) => {
+                let stale = self.map.insert(ptr, Block { device: device.ordinal, size });
+                if let Some(stale) = stale {
+                    log::warn!("pointer map was stale at {ptr:#x} ({stale:?})");
+                }
+                Ok(ptr)
+            }
+            Err(AllocFailure::OutOfMemory) => Err(Passthrough::PoolOutOfMemory),
+            Err(AllocFailure::Driver(e)) => {
+                log::warn!("device {}: pool allocation of {size} bytes failed: {e:?}", device.ordinal);
+                Err(Passthrough::PoolError)
+            }
+        }
+    }
+
+    /// Frees `ptr` if the pool gave it out. During a capture the free is
+    /// queued: recording events then could join or break the capture.
+    pub fn free(&self, driver: &Driver, ptr: u64) -> Freed {
+        let captures = self.captures.read().unwrap_or_else(|p| p.into_inner());
+        let Some(block) = self.map.remove(ptr) else {
+            return Freed::NotOurs;
+        };
+        if !captures.is_empty() {
+            lock(&self.deferred).push((ptr, block));
+            return Freed::Deferred;
+        }
+        self.free_blocks(driver, block.device, &[(ptr, block.size)]);
+        drop(captures);
+        self.issue_deferred_frees(driver);
+        Freed::Issued { device: block.device }
+    }
+
+    pub fn owns(&self, ptr: u64) -> bool {
+        self.map.contains(ptr)
+    }
+
+    /// Whether `ptr` was freed during a capture and waits to be issued: a
+    /// second free of it is a double free.
+    pub fn is_deferred(&self, ptr: u64) -> bool {
+        lock(&self.deferred).iter().any(|(p, _)| *p == ptr)
+    }
+
+    /// Forgets `ptr` because the program frees it itself (`cudaFreeAsync`).
+    pub fn forget(&self, ptr: u64) -> bool {
+        self.map.remove(ptr).is_some()
+    }
+
+    /// Waits until `device` is idle (`SOMA_FREE_SYNC=1`).
+    pub fn synchronize_device(&self, driver: &Driver, device: i32) {
+        if let Some(device) = self.known_device(device) {
+            let result = driver.with_context(device.context, || driver.synchronize_context());
+            if let Err(e) = result.and_then(|r| r) {
+                log::warn!("device {}: synchronizing after a free failed: {e:?}", device.ordinal);
+            }
+        }
+    }
+
+    fn free_blocks(&self, driver: &Driver, ordinal: i32, blocks: &[(u64, u64)]) {
+        let Some(device) = self.known_device(ordinal) else {
+            log::warn!("free of {} block(s) on device {ordinal}, which has no pool", blocks.len());
+            return;
+        };
+        let result = driver.with_context(device.context, || {
+            let mut registry = lock(&self.streams);
+            registry.retire_passed_tails(driver, device.context);
+            let nonblocking: Vec<Stream> = registry.streams_of(device.context).collect();
+            let tails: Vec<Event> = registry.tails_of(device.context).collect();
+            drop(registry);
+            device.free(driver, blocks, &Predecessors { nonblocking: &nonblocking, tails: &tails })
+        });
+        if let Err(e) = result.and_then(|r| r) {
+            // Without the ordering the blocks cannot be reused safely: they stay allocated.
+            log::warn!("device {ordinal}: free of {} block(s) failed, leaking them: {e:?}", blocks.len());
+        }
+    }
+
+    fn issue_deferred_frees(&self, driver: &Driver) {
+        let captures = self.captures.read().unwrap_or_else(|p| p.into_inner());
+        if !captures.is_empty() {
+            return;
+        }
+        let deferred = std::mem::take(&mut *lock(&self.deferred));
+        let mut by_device: HashMap<i32, Vec<(u64, u64)>> = HashMap::new();
+        for (ptr, block) in deferred {
+            by_device.entry(block.device).or_default().push((ptr, block.size));
+        }
+        for (ordinal, blocks) in by_device {
+            self.free_blocks(driver, ordinal, &blocks);
+        }
+    }
+
+    fn known_device(&self, ordinal: i32) -> Option<Arc<Device>> {
+        let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
+        devices.get(&ordinal).cloned().flatten()
+    }
+
+    /// The pool of the current context's device, set up on first use.
+    fn device(&self, driver: &Driver, context: Context) -> Result<Arc<Device>, Passthrough> {
+        let ordinal = driver.current_device().map_err(|_| Passthrough::NoContext)?;
+        let existing = {
+            let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
+            devices.get(&ordinal).cloned()
+        };
+        let device = match existing {
+            Some(device) => device,
+            None => {
+                let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+                let entry = devices.entry(ordinal).or_insert_with(|| self.set_up(driver, ordinal, context));
+                entry.clone()
+            }
+        };
+        match device {
+            None => Err(Passthrough::NoPoolSupport),
+            Some(device) if device.context != context => Err(Passthrough::ForeignContext),
+            Some(device) => Ok(device),
+        }
+    }
+
+    fn set_up(&self, driver: &Driver, ordinal: i32, context: Context) -> Option<Arc<Device>> {
+        match driver.supports_pools(ordinal) {
+            Ok(true) => {}
+            Ok(false) => {
+                log::info!("device {ordinal} has no memory pool support: its allocations pass through");
+                return None;
+            }
+            Err(e) => {
+                log::warn!("device {ordinal}: cannot query pool support ({e:?}): passing through");
+                return None;
+            }
+        }
+        if driver.primary_context(ordinal).ok() != Some(context) {
+            // A context of the program's own: set up when the primary one is current.
+            log::debug!("device {ordinal}: current context is not the primary one");
+            return None;
+        }
+        let device = match Device::create(driver, ordinal, context, &self.config) {
+            Ok(device) => device,
+            Err(e) => {
+                log::warn!("device {ordinal}: setting up the pool failed ({e:?}): passing through");
+                return None;
+            }
+        };
+        for &(owner, accessor) in lock(&self.peer_grants).iter() {
+            if owner == ordinal {
+                if let Err(e) = device.set_peer_access(driver, accessor, true) {
+                    log::warn!("device {ordinal}: granting device {accessor} access failed: {e:?}");
+                }
+            }
+        }
+        log::debug!("device {ordinal}: pool ready");
+        Some(Arc::new(device))
+    }
+
+    /// Tracks a new non-blocking stream: every later free waits for its work.
+    pub fn stream_created(&self, driver: &Driver, stream: Stream) {
+        match driver.stream_context(stream) {
+            Ok(context) => lock(&self.streams).nonblocking.push((context, stream)),
+            Err(e) => log::warn!("cannot find the context of a new stream: {e:?}"),
+        }
+    }
+
+    /// Called before a stream is destroyed: its last work stays a
+    /// predecessor of later frees until the GPU has passed it.
+    pub fn stream_destroying(&self, driver: &Driver, stream: Stream) {
+        let mut registry = lock(&self.streams);
+        let Some(index) = registry.nonblocking.iter().position(|(_, s)| *s == stream) else {
+            return;
+        };
+        let (context, _) = registry.nonblocking.swap_remove(index);
+        if self.is_capturing(stream) {
+            return;
+        }
+        let tail = driver.with_context(context, || {
+            let event = driver.create_event()?;
+            driver.record(event, stream).map(|_| event)
+        });
+        match tail.and_then(|r| r) {
+            Ok(event) => registry.tails.push((context, event)),
+            Err(e) => log::warn!("cannot record the last work of a destroyed stream: {e:?}"),
+        }
+    }
+
+    fn is_capturing(&self, stream: Stream) -> bool {
+        let captures = self.captures.read().unwrap_or_else(|p| p.into_inner());
+        captures.keys().any(|(s, _)| *s == stream.0 as usize)
+    }
+
+    /// Runs the real `begin` with captures locked, recording it if it succeeded.
+    pub fn begin_capture(&self, stream: Stream, begin: impl FnOnce() -> bool) {
+        let mut captures = self.captures.write().unwrap_or_else(|p| p.into_inner());
+        if begin() {
+            *captures.entry(capture_key(stream)).or_insert(0) += 1;
+        }
+    }
+
+    /// Runs the real `end`; the capture is over whatever it returns.
+    pub fn end_capture<T>(&self, driver: Option<&Driver>, stream: Stream, end: impl FnOnce() -> T) -> T {
+        let result = {
+            let mut captures = self.captures.write().unwrap_or_else(|p| p.into_inner());
+            let result = end();
+            let key = capture_key(stream);
+            if let Some(count) = captures.get_mut(&key) {
+                *count -= 1;
+                if *count == 0 {
+                    captures.remove(&key);
+                }
+            }
+            result
+        };
+        if let Some(driver) = driver {
+            self.issue_deferred_frees(driver);
+        }
+        result
+    }
+
+    /// Forgets device `ordinal` before the real reset destroys its memory.
+    pub fn device_resetting(&self, driver: &Driver, ordinal: i32) {
+        let removed = {
+            let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+            devices.remove(&ordinal).flatten()
+        };
+        let forgotten = self.map.forget_device(ordinal);
+        lock(&self.deferred).retain(|(_, block)| block.device != ordinal);
+        if let Some(device) = removed {
+            lock(&self.streams).forget_context(device.context);
+            let _ = driver.with_context(device.context, || device.destroy(driver));
+        }
+        lock(&self.peer_grants).retain(|&(_, accessor)| accessor != ordinal);
+        log::debug!("device {ordinal} reset: forgot {forgotten} pointer(s) and its pool");
+    }
+
+    /// `accessor` gained (or lost) peer access to `owner`'s memory.
+    pub fn peer_access_changed(&self, driver: &Driver, owner: i32, accessor: i32, allowed: bool) {
+        let mut grants = lock(&self.peer_grants);
+        if allowed {
+            grants.insert((owner, accessor));
+        } else {
+            grants.remove(&(owner, accessor));
+        }
+        if let Some(device) = self.known_device(owner) {
+            if let Err(e) = device.set_peer_access(driver, accessor, allowed) {
+                log::warn!("device {owner}: setting access for device {accessor} failed: {e:?}");
+            }
+        }
+    }
+}
+
+fn capture_key(stream: Stream) -> CaptureKey {
+    const PER_THREAD: usize = 2; // cudaStreamPerThread / CU_STREAM_PER_THREAD
+    let handle = stream.0 as usize;
+    // SAFETY: pthread_self has no preconditions.
+    let thread = if handle == PER_THREAD { (unsafe { libc::pthread_self() }) as u64 } else { 0 };
+    (handle, thread)
+}
+
+impl StreamRegistry {
+    fn streams_of(&self, context: Context) -> impl Iterator<Item = Stream> + '_ {
+        self.nonblocking.iter().filter(move |(c, _)| *c == context).map(|(_, s)| *s)
+    }
+
+    fn tails_of(&self, context: Context) -> impl Iterator<Item = Event> + '_ {
+        self.tails.iter().filter(move |(c, _)| *c == context).map(|(_, e)| *e)
+    }
+
+    /// Drops the tails of destroyed streams that the GPU has passed.
+    fn retire_passed_tails(&mut self, driver: &Driver, context: Context) {
+        self.tails.retain(|&(c, event)| {
+            if c == context && driver.has_passed(event) {
+                let _ = driver.destroy_event(event);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    fn forget_context(&mut self, context: Context) {
+        self.nonblocking.retain(|(c, _)| *c != context);
+        self.tails.retain(|(c, _)| *c != context);
+    }
+}

@@ -1,0 +1,414 @@
+//! The `SOMA_*` configuration: one table, one parser. No FFI here.
+//!
+//! Every variable is a row of [`VARIABLES`]; the README's table is checked
+//! against it by a test, so the two cannot drift apart.
+
+use std::fmt;
+
+/// Which memory pool serves the shim's allocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolChoice {
+    /// A pool the shim creates for each device (the program never sees it).
+    Own,
+    /// The device's default pool, shared with the program's own `cudaMallocAsync`.
+    Default,
+}
+
+/// A byte count as written in a variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bytes {
+    Exact(u64),
+    /// The device's total memory (only where a row allows it).
+    DeviceTotal,
+}
+
+impl Bytes {
+    /// The value in bytes, given the device's total memory.
+    pub fn resolve(self, device_total: u64) -> u64 {
+        match self {
+            Bytes::Exact(n) => n,
+            Bytes::DeviceTotal => device_total,
+        }
+    }
+}
+
+/// The effective configuration of this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub disable: bool,
+    pub pool: PoolChoice,
+    pub release_threshold: Bytes,
+    pub reuse_follow_event_deps: bool,
+    pub reuse_opportunistic: bool,
+    pub reuse_internal_deps: bool,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub free_sync: bool,
+    pub pending_free_limit: u64,
+    pub log: String,
+    /// Each variable with the text in force (given or default), for the log.
+    pub effective: Vec<(&'static str, String)>,
+}
+
+/// What a variable's text is parsed as.
+#[derive(Clone, Copy)]
+enum Kind {
+    Flag,
+    Size { allow_total: bool },
+    Pool,
+    LogFilter,
+}
+
+impl Kind {
+    fn accepted_forms(self) -> &'static str {
+        match self {
+            Kind::Flag => "0 or 1 (also true/false, yes/no, on/off)",
+            Kind::Size { allow_total: false } => {
+                "a byte count such as 0, 4096, 512KiB, 512MiB, 4G, 1TiB, or max"
+            }
+            Kind::Size { allow_total: true } => {
+                "a byte count such as 0, 4096, 512MiB, 4G, or max, or total (the device's memory)"
+            }
+            Kind::Pool => "own or default",
+            Kind::LogFilter => "an env_logger filter such as warn, info, somashim=debug",
+        }
+    }
+}
+
+/// A parsed value, before it is stored in its field.
+enum Value {
+    Flag(bool),
+    Size(Bytes),
+    Pool(PoolChoice),
+    Text(String),
+}
+
+/// One row of the table: the variable, its type, its default, one line of doc,
+/// and where the value goes.
+pub struct Variable {
+    pub name: &'static str,
+    kind: Kind,
+    pub default: &'static str,
+    pub doc: &'static str,
+    store: fn(&mut Config, Value),
+}
+
+macro_rules! store {
+    ($field:ident, $variant:ident) => {
+        |config: &mut Config, value: Value| {
+            if let Value::$variant(v) = value {
+                config.$field = v;
+            }
+        }
+    };
+}
+
+macro_rules! store_bytes {
+    ($field:ident) => {
+        |config: &mut Config, value: Value| {
+            if let Value::Size(Bytes::Exact(v)) = value {
+                config.$field = v;
+            }
+        }
+    };
+}
+
+pub static VARIABLES: &[Variable] = &[
+    Variable {
+        name: "SOMA_DISABLE",
+        kind: Kind::Flag,
+        default: "0",
+        doc: "1: every call goes to the real runtime untouched.",
+        store: store!(disable, Flag),
+    },
+    Variable {
+        name: "SOMA_POOL",
+        kind: Kind::Pool,
+        default: "own",
+        doc: "own: a pool the shim creates per device; default: the device's default pool.",
+        store: store!(pool, Pool),
+    },
+    Variable {
+        name: "SOMA_RELEASE_THRESHOLD",
+        kind: Kind::Size { allow_total: true },
+        default: "max",
+        doc: "Memory the pool keeps at a synchronization instead of returning it to the driver.",
+        store: store!(release_threshold, Size),
+    },
+    Variable {
+        name: "SOMA_REUSE_FOLLOW_EVENT_DEPS",
+        kind: Kind::Flag,
+        default: "1",
+        doc: "Pool policy cudaMemPoolReuseFollowEventDependencies (safe: see README).",
+        store: store!(reuse_follow_event_deps, Flag),
+    },
+    Variable {
+        name: "SOMA_REUSE_OPPORTUNISTIC",
+        kind: Kind::Flag,
+        default: "1",
+        doc: "Pool policy cudaMemPoolReuseAllowOpportunistic: reuse blocks whose free the GPU has passed.",
+        store: store!(reuse_opportunistic, Flag),
+    },
+    Variable {
+        name: "SOMA_REUSE_INTERNAL_DEPS",
+        kind: Kind::Flag,
+        default: "0",
+        doc: "Pool policy cudaMemPoolReuseAllowInternalDependencies; 1 makes cudaMalloc wait on the host for the reused block's free.",
+        store: store!(reuse_internal_deps, Flag),
+    },
+    Variable {
+        name: "SOMA_MIN_BYTES",
+        kind: Kind::Size { allow_total: false },
+        default: "1",
+        doc: "Smaller requests go to the real cudaMalloc.",
+        store: store_bytes!(min_bytes),
+    },
+    Variable {
+        name: "SOMA_MAX_BYTES",
+        kind: Kind::Size { allow_total: false },
+        default: "max",
+        doc: "Larger requests go to the real cudaMalloc.",
+        store: store_bytes!(max_bytes),
+    },
+    Variable {
+        name: "SOMA_FREE_SYNC",
+        kind: Kind::Flag,
+        default: "0",
+        doc: "1: cudaFree returns once the device is idle, as the real one does (still pooled).",
+        store: store!(free_sync, Flag),
+    },
+    Variable {
+        name: "SOMA_PENDING_FREE_LIMIT",
+        kind: Kind::Size { allow_total: false },
+        default: "256MiB",
+        doc: "Bytes freed but not yet passed by the GPU, per device, before cudaMalloc waits for them.",
+        store: store_bytes!(pending_free_limit),
+    },
+    Variable {
+        name: "SOMA_LOG",
+        kind: Kind::LogFilter,
+        default: "warn",
+        doc: "Log filter (env_logger syntax), written to stderr.",
+        store: store!(log, Text),
+    },
+];
+
+/// A variable whose value cannot be used.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub variable: &'static str,
+    pub value: String,
+    pub accepted: &'static str,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "somashim: {}={:?} is not valid; accepted: {}",
+            self.variable, self.value, self.accepted
+        )
+    }
+}
+
+impl Config {
+    /// Reads every variable through `lookup` (the environment, in the shim).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut config = Config::placeholder();
+        for variable in VARIABLES {
+            let given = lookup(variable.name);
+            let text = given.as_deref().unwrap_or(variable.default);
+            let value = parse(variable.kind, text).ok_or_else(|| ConfigError {
+                variable: variable.name,
+                value: text.to_string(),
+                accepted: variable.kind.accepted_forms(),
+            })?;
+            (variable.store)(&mut config, value);
+            config.effective.push((variable.name, text.to_string()));
+        }
+        Ok(config)
+    }
+
+    /// Every field before the table fills it in; never seen by callers.
+    fn placeholder() -> Config {
+        Config {
+            disable: false,
+            pool: PoolChoice::Own,
+            release_threshold: Bytes::Exact(0),
+            reuse_follow_event_deps: false,
+            reuse_opportunistic: false,
+            reuse_internal_deps: false,
+            min_bytes: 0,
+            max_bytes: 0,
+            free_sync: false,
+            pending_free_limit: 0,
+            log: String::new(),
+            effective: Vec::new(),
+        }
+    }
+
+    /// Whether a request of `size` bytes is in the range the pool serves.
+    pub fn pools_size(&self, size: u64) -> bool {
+        size >= self.min_bytes && size <= self.max_bytes
+    }
+}
+
+fn parse(kind: Kind, text: &str) -> Option<Value> {
+    let text = text.trim();
+    match kind {
+        Kind::Flag => parse_flag(text).map(Value::Flag),
+        Kind::Size { allow_total } => match text.to_ascii_lowercase().as_str() {
+            "total" if allow_total => Some(Value::Size(Bytes::DeviceTotal)),
+            _ => parse_size(text).map(|n| Value::Size(Bytes::Exact(n))),
+        },
+        Kind::Pool => match text.to_ascii_lowercase().as_str() {
+            "own" => Some(Value::Pool(PoolChoice::Own)),
+            "default" => Some(Value::Pool(PoolChoice::Default)),
+            _ => None,
+        },
+        Kind::LogFilter => Some(Value::Text(text.to_string())),
+    }
+}
+
+fn parse_flag(text: &str) -> Option<bool> {
+    match text.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// `4096`, `512MiB`, `4G`, `max`. Every unit is a power of 1024: K, KB and KiB
+/// all mean 1024 bytes, as in most GPU tooling.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let lower = text.trim().to_ascii_lowercase();
+    if lower == "max" {
+        return Some(u64::MAX);
+    }
+    let split = lower.find(|c: char| !c.is_ascii_digit()).unwrap_or(lower.len());
+    let (digits, unit) = lower.split_at(split);
+    let number: u64 = digits.parse().ok()?;
+    let shift = match unit.trim() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|name| env.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = config(&[]).unwrap();
+        assert!(!c.disable);
+        assert_eq!(c.pool, PoolChoice::Own);
+        assert_eq!(c.release_threshold, Bytes::Exact(u64::MAX));
+        assert!(c.reuse_follow_event_deps && c.reuse_opportunistic && !c.reuse_internal_deps);
+        assert_eq!((c.min_bytes, c.max_bytes), (1, u64::MAX));
+        assert!(!c.free_sync);
+        assert_eq!(c.pending_free_limit, 256 << 20);
+        assert_eq!(c.log, "warn");
+    }
+
+    #[test]
+    fn sizes_take_units() {
+        assert_eq!(parse_size("0"), Some(0));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("4G"), Some(4 << 30));
+        assert_eq!(parse_size("4 GB"), Some(4 << 30));
+        assert_eq!(parse_size("1tib"), Some(1 << 40));
+        assert_eq!(parse_size("MAX"), Some(u64::MAX));
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("G"), None);
+        assert_eq!(parse_size("-1"), None);
+        assert_eq!(parse_size("1.5G"), None);
+        assert_eq!(parse_size("99999999999T"), None, "overflow is an error, not a wrap");
+    }
+
+    #[test]
+    fn threshold_accepts_total_but_max_bytes_does_not() {
+        let c = config(&[("SOMA_RELEASE_THRESHOLD", "total")]).unwrap();
+        assert_eq!(c.release_threshold, Bytes::DeviceTotal);
+        assert_eq!(c.release_threshold.resolve(80 << 30), 80 << 30);
+        let e = config(&[("SOMA_MAX_BYTES", "total")]).unwrap_err();
+        assert_eq!(e.variable, "SOMA_MAX_BYTES");
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = config(&[
+            ("SOMA_DISABLE", "1"),
+            ("SOMA_POOL", "default"),
+            ("SOMA_RELEASE_THRESHOLD", "512MiB"),
+            ("SOMA_REUSE_FOLLOW_EVENT_DEPS", "off"),
+            ("SOMA_REUSE_OPPORTUNISTIC", "false"),
+            ("SOMA_REUSE_INTERNAL_DEPS", "yes"),
+            ("SOMA_MIN_BYTES", "1KiB"),
+            ("SOMA_MAX_BYTES", "1G"),
+            ("SOMA_FREE_SYNC", "true"),
+            ("SOMA_PENDING_FREE_LIMIT", "1M"),
+            ("SOMA_LOG", "somashim=debug"),
+        ])
+        .unwrap();
+        assert!(c.disable);
+        assert_eq!(c.pool, PoolChoice::Default);
+        assert_eq!(c.release_threshold, Bytes::Exact(512 << 20));
+        assert!(!c.reuse_follow_event_deps && !c.reuse_opportunistic && c.reuse_internal_deps);
+        assert_eq!((c.min_bytes, c.max_bytes), (1024, 1 << 30));
+        assert!(c.free_sync);
+        assert_eq!(c.pending_free_limit, 1 << 20);
+        assert_eq!(c.log, "somashim=debug");
+        assert_eq!(c.effective.len(), VARIABLES.len());
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_the_value_and_the_forms() {
+        let e = config(&[("SOMA_RELEASE_THRESHOLD", "banana")]).unwrap_err();
+        let message = e.to_string();
+        assert!(message.contains("SOMA_RELEASE_THRESHOLD"), "{message}");
+        assert!(message.contains("banana"), "{message}");
+        assert!(message.contains("512MiB") && message.contains("total"), "{message}");
+        assert_eq!(config(&[("SOMA_POOL", "mine")]).unwrap_err().accepted, "own or default");
+        assert_eq!(config(&[("SOMA_FREE_SYNC", "2")]).unwrap_err().variable, "SOMA_FREE_SYNC");
+    }
+
+    #[test]
+    fn size_range_decides_pooling() {
+        let c = config(&[("SOMA_MIN_BYTES", "1K"), ("SOMA_MAX_BYTES", "1M")]).unwrap();
+        assert!(!c.pools_size(1023));
+        assert!(c.pools_size(1024));
+        assert!(c.pools_size(1 << 20));
+        assert!(!c.pools_size((1 << 20) + 1));
+    }
+
+    #[test]
+    fn readme_table_matches_the_code() {
+        let readme = include_str!("../README.md");
+        for v in VARIABLES {
+            let row = readme
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{}`", v.name)))
+                .unwrap_or_else(|| panic!("README has no table row for {}", v.name));
+            assert!(
+                row.contains(&format!("`{}`", v.default)),
+                "README row for {} does not give the default `{}`: {row}",
+                v.name,
+                v.default
+            );
+        }
+    }
+}
