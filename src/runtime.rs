@@ -99,6 +99,18 @@ real_functions! {
         mode: c_int
     );
     cudaStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void);
+    // Per-thread-default-stream builds (`--default-stream per-thread`) call these.
+    cudaFreeAsync_ptsz(ptr: *mut c_void, stream: *mut c_void);
+    cudaStreamBeginCapture_ptsz(stream: *mut c_void, mode: c_int);
+    cudaStreamBeginCaptureToGraph_ptsz(
+        stream: *mut c_void,
+        graph: *mut c_void,
+        dependencies: *const c_void,
+        dependency_data: *const c_void,
+        count: usize,
+        mode: c_int
+    );
+    cudaStreamEndCapture_ptsz(stream: *mut c_void, graph: *mut *mut c_void);
 }
 
 /// Leaves the runtime's last error at `cudaErrorInvalidValue`, as a bad free

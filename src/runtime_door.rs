@@ -14,9 +14,9 @@ use crate::runtime::{self as real, SUCCESS};
 
 const STREAM_NON_BLOCKING: c_uint = 1; // cudaStreamNonBlocking
 
-/// `cudaMalloc`.
+/// `cudaMalloc`. `real` is the real function with the same arguments.
 /// SAFETY: `out` is null or writable, as the C contract requires.
-pub unsafe fn malloc(out: *mut *mut c_void, size: usize) -> u32 {
+pub unsafe fn malloc(out: *mut *mut c_void, size: usize, real: impl FnOnce() -> u32) -> u32 {
     match pool_alloc(allocator::get(), out.is_null(), size as u64) {
         Ok(ptr) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
@@ -25,8 +25,7 @@ pub unsafe fn malloc(out: *mut *mut c_void, size: usize) -> u32 {
         }
         Err(reason) => {
             log::trace!("cudaMalloc({size}) passed through: {reason:?}");
-            // SAFETY: the caller's arguments, unchanged.
-            unsafe { real::cudaMalloc(out, size) }
+            real()
         }
     }
 }
@@ -65,13 +64,11 @@ fn driver_with_context() -> Result<&'static Driver, Passthrough> {
 }
 
 /// `cudaFree`.
-/// SAFETY: plain C contract (any pointer value is allowed).
-pub unsafe fn free(ptr: *mut c_void) -> u32 {
+pub fn free(ptr: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
     let allocator = allocator::get();
     let driver = match driver::loaded() {
         Some(driver) if !ptr.is_null() && !allocator.config.disable => driver,
-        // SAFETY: the caller's argument, unchanged.
-        _ => return unsafe { real::cudaFree(ptr) },
+        _ => return real(),
     };
     if allocator.capture_in_progress() && allocator.owns(ptr as u64) {
         // During a capture the real cudaFree either fails (and invalidates the
@@ -91,15 +88,13 @@ pub unsafe fn free(ptr: *mut c_void) -> u32 {
         }
         Freed::Deferred => SUCCESS,
         Freed::NotOurs if allocator.is_deferred(ptr as u64) => real::reproduce_invalid_value(),
-        // SAFETY: the caller's argument, unchanged.
-        Freed::NotOurs => unsafe { real::cudaFree(ptr) },
+        Freed::NotOurs => real(),
     }
 }
 
 /// `cudaFreeAsync`: the program frees a pointer itself, in the order of its
 /// stream. The real function does it; the map forgets the pointer.
-/// SAFETY: plain C contract.
-pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void) -> u32 {
+pub fn free_async(ptr: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
     let allocator = allocator::get();
     if !allocator.config.disable {
         if allocator.is_deferred(ptr as u64) {
@@ -107,134 +102,76 @@ pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void) -> u32 {
         }
         allocator.forget(ptr as u64);
     }
-    // SAFETY: the caller's arguments, unchanged.
-    unsafe { real::cudaFreeAsync(ptr, stream) }
+    real()
 }
 
-/// `cudaStreamCreateWithFlags`: non-blocking streams are tracked, since the
-/// legacy stream does not order them.
-/// SAFETY: plain C contract.
-pub unsafe fn stream_create_with_flags(out: *mut *mut c_void, flags: c_uint) -> u32 {
-    // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real::cudaStreamCreateWithFlags(out, flags) };
-    // SAFETY: on success the runtime wrote the new stream to `out`.
-    unsafe { track_new_stream(rc, out, flags) };
-    rc
-}
-
-/// `cudaStreamCreateWithPriority`: as `cudaStreamCreateWithFlags`.
-/// SAFETY: plain C contract.
-pub unsafe fn stream_create_with_priority(out: *mut *mut c_void, flags: c_uint, priority: c_int) -> u32 {
-    // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real::cudaStreamCreateWithPriority(out, flags, priority) };
-    // SAFETY: on success the runtime wrote the new stream to `out`.
-    unsafe { track_new_stream(rc, out, flags) };
-    rc
-}
-
-/// SAFETY: `out` holds a new stream when `rc` is success.
-unsafe fn track_new_stream(rc: u32, out: *mut *mut c_void, flags: c_uint) {
+/// `cudaStreamCreateWithFlags`/`WithPriority`: non-blocking streams are
+/// tracked, since the legacy stream does not order them.
+/// SAFETY: when `real` succeeds, `out` holds the new stream.
+pub unsafe fn stream_create(out: *mut *mut c_void, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+    let rc = real();
     let allocator = allocator::get();
-    if rc != SUCCESS || flags & STREAM_NON_BLOCKING == 0 || allocator.config.disable {
-        return;
+    if rc == SUCCESS && flags & STREAM_NON_BLOCKING != 0 && !allocator.config.disable {
+        if let Some(driver) = driver::loaded() {
+            // SAFETY: success means the runtime wrote the new stream to `out`.
+            allocator.stream_created(driver, Stream(unsafe { *out }.cast()));
+        }
     }
-    if let Some(driver) = driver::loaded() {
-        // SAFETY: success means `out` is valid and written.
-        allocator.stream_created(driver, Stream(unsafe { *out }.cast()));
-    }
+    rc
 }
 
 /// `cudaStreamDestroy`: the stream's last work stays ordered before later frees.
-/// SAFETY: plain C contract.
-pub unsafe fn stream_destroy(stream: *mut c_void) -> u32 {
+pub fn stream_destroy(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
     let allocator = allocator::get();
     if let Some(driver) = driver::loaded().filter(|_| !allocator.config.disable) {
         allocator.stream_destroying(driver, Stream(stream.cast()));
     }
-    // SAFETY: the caller's argument, unchanged.
-    unsafe { real::cudaStreamDestroy(stream) }
+    real()
 }
 
-/// `cudaStreamBeginCapture`: while any capture runs, frees are queued.
-/// SAFETY: plain C contract.
-pub unsafe fn begin_capture(stream: *mut c_void, mode: c_int) -> u32 {
-    let mut rc = SUCCESS;
-    allocator::get().begin_capture(Stream(stream.cast()), || {
-        // SAFETY: the caller's arguments, unchanged.
-        rc = unsafe { real::cudaStreamBeginCapture(stream, mode) };
-        rc == SUCCESS
-    });
-    rc
+/// The stream a `_ptsz` entry point means: NULL there is the per-thread default stream.
+pub fn per_thread(stream: *mut c_void) -> *mut c_void {
+    const PER_THREAD: usize = 2; // cudaStreamPerThread
+    if stream.is_null() { PER_THREAD as *mut c_void } else { stream }
 }
 
-/// `cudaStreamBeginCaptureToGraph`: as `cudaStreamBeginCapture`.
-/// SAFETY: plain C contract.
-pub unsafe fn begin_capture_to_graph(
-    stream: *mut c_void,
-    graph: *mut c_void,
-    dependencies: *const c_void,
-    dependency_data: *const c_void,
-    count: usize,
-    mode: c_int,
-) -> u32 {
+/// `cudaStreamBeginCapture` (and `ToGraph`): while any capture runs, frees are queued.
+pub fn begin_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
     let mut rc = SUCCESS;
     allocator::get().begin_capture(Stream(stream.cast()), || {
-        // SAFETY: the caller's arguments, unchanged.
-        rc = unsafe {
-            real::cudaStreamBeginCaptureToGraph(stream, graph, dependencies, dependency_data, count, mode)
-        };
+        rc = real();
         rc == SUCCESS
     });
     rc
 }
 
 /// `cudaStreamEndCapture`: frees queued during captures are issued once none is left.
-/// SAFETY: plain C contract.
-pub unsafe fn end_capture(stream: *mut c_void, graph: *mut *mut c_void) -> u32 {
-    // SAFETY: the caller's arguments, unchanged.
-    let end = || unsafe { real::cudaStreamEndCapture(stream, graph) };
-    allocator::get().end_capture(driver::loaded(), Stream(stream.cast()), end)
+pub fn end_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
+    allocator::get().end_capture(driver::loaded(), Stream(stream.cast()), real)
 }
 
 /// `cudaDeviceReset`: the reset destroys the device's memory and streams, so
 /// the shim forgets its pool and pointers first and makes new ones on next use.
-/// SAFETY: plain C contract.
-pub unsafe fn device_reset() -> u32 {
+pub fn device_reset(real: impl FnOnce() -> u32) -> u32 {
     let allocator = allocator::get();
     if let (Some(driver), Some(device)) = (driver::loaded(), current_device()) {
         allocator.device_resetting(driver, device);
     }
-    // SAFETY: no arguments.
-    unsafe { real::cudaDeviceReset() }
+    real()
 }
 
-/// `cudaDeviceEnablePeerAccess`: the current device may now reach `peer`'s
-/// memory, so `peer`'s pool grants it access to every block, past and future.
-/// SAFETY: plain C contract.
-pub unsafe fn enable_peer_access(peer: c_int, flags: c_uint) -> u32 {
-    // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real::cudaDeviceEnablePeerAccess(peer, flags) };
-    peer_access_changed(rc, peer, true);
-    rc
-}
-
-/// `cudaDeviceDisablePeerAccess`: the grant is taken back.
-/// SAFETY: plain C contract.
-pub unsafe fn disable_peer_access(peer: c_int) -> u32 {
-    // SAFETY: the caller's argument, unchanged.
-    let rc = unsafe { real::cudaDeviceDisablePeerAccess(peer) };
-    peer_access_changed(rc, peer, false);
-    rc
-}
-
-fn peer_access_changed(rc: u32, peer: c_int, allowed: bool) {
+/// `cudaDeviceEnablePeerAccess`/`Disable`: once the current device may reach
+/// `peer`'s memory, `peer`'s pool grants it every block, past and future
+/// (and takes that back on disable).
+pub fn peer_access(peer: c_int, allowed: bool, real: impl FnOnce() -> u32) -> u32 {
+    let rc = real();
     let allocator = allocator::get();
-    if rc != SUCCESS || allocator.config.disable {
-        return;
+    if rc == SUCCESS && !allocator.config.disable {
+        if let (Some(driver), Some(accessor)) = (driver::loaded(), current_device()) {
+            allocator.peer_access_changed(driver, peer, accessor, allowed);
+        }
     }
-    if let (Some(driver), Some(accessor)) = (driver::loaded(), current_device()) {
-        allocator.peer_access_changed(driver, peer, accessor, allowed);
-    }
+    rc
 }
 
 /// The runtime's current device (no error left behind: it cannot fail once
