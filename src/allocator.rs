@@ -148,7 +148,7 @@ impl Allocator {
             lock(&self.deferred).push((ptr, block));
             return Freed::Deferred;
         }
-        self.free_blocks(driver, block.device, &[(ptr, block.size)]);
+        self.free_blocks(driver, block.device, vec![(ptr, block.size)]);
         drop(captures);
         self.issue_deferred_frees(driver);
         Freed::Issued { device: block.device }
@@ -179,11 +179,12 @@ impl Allocator {
         }
     }
 
-    fn free_blocks(&self, driver: &Driver, ordinal: i32, blocks: &[(u64, u64)]) {
+    fn free_blocks(&self, driver: &Driver, ordinal: i32, blocks: Vec<(u64, u64)>) {
         let Some(device) = self.known_device(ordinal) else {
             log::warn!("free of {} block(s) on device {ordinal}, which has no pool", blocks.len());
             return;
         };
+        let count = blocks.len();
         let result = driver.with_context(device.context, || {
             let mut registry = lock(&self.streams);
             registry.retire_passed_tails(driver, device.context);
@@ -194,7 +195,7 @@ impl Allocator {
         });
         if let Err(e) = result.and_then(|r| r) {
             // Without the ordering the blocks cannot be reused safely: they stay allocated.
-            log::warn!("device {ordinal}: free of {} block(s) failed, leaking them: {e:?}", blocks.len());
+            log::warn!("device {ordinal}: free of {count} block(s) failed, leaking them: {e:?}");
         }
     }
 
@@ -209,7 +210,7 @@ impl Allocator {
             by_device.entry(block.device).or_default().push((ptr, block.size));
         }
         for (ordinal, blocks) in by_device {
-            self.free_blocks(driver, ordinal, &blocks);
+            self.free_blocks(driver, ordinal, blocks);
         }
     }
 

@@ -1,21 +1,25 @@
 //! One device's pool and the ordering that makes its reuse safe.
 //!
-//! Two streams of the shim's own, both non-blocking:
-//! - the *alloc stream* never carries any work but allocations, so a block it
-//!   hands out has no pending dependency and is usable at once from every
-//!   stream. The pool reuses a freed block there only once the GPU has passed
-//!   its free (`AllowOpportunistic`), or, with `SOMA_REUSE_INTERNAL_DEPS=1`,
-//!   after the host has waited for that free.
-//! - the *free stream* carries the frees. Before each batch it waits for an
-//!   event recorded on the legacy stream (which itself waits for every blocking
-//!   stream) and on every live non-blocking stream, so a free is passed only
-//!   once all work issued before it, on every stream, has finished.
+//! `cudaFree` must not let a block be handed out again before every piece of
+//! work issued before it, on every stream, has finished. The shim does not
+//! give a freed block to the pool at once. It records an event on the legacy
+//! stream (which waits for every blocking stream) and on every live
+//! non-blocking stream, and keeps the block in a queue of *pending frees*.
+//! Once the host sees all of an entry's events passed, the block goes back to
+//! the pool with `cuMemFreeAsync` on the shim's *pool stream*, which never
+//! carries anything but allocations and such frees. That stream is idle, so
+//! the pool takes the block back at once and the next allocation on it reuses
+//! it; and an allocation on it has nothing to wait for, so it is usable at once
+//! from every stream. (Measured: a pool reuses a block freed behind a
+//! cross-stream event wait almost never, so ordering on the GPU would make the
+//! pool grow instead; see docs/probe-reuse-h200.txt.)
 //!
-//! Frees still in flight are counted; past `SOMA_PENDING_FREE_LIMIT` bytes an
-//! allocation waits for them, so the pool cannot grow without bound.
+//! Pending bytes are bounded by `SOMA_PENDING_FREE_LIMIT`: past it, an
+//! allocation waits on the host for the oldest frees, so the pool stays close
+//! to what is in use.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use crate::config::{Config, PoolChoice};
 use crate::driver::{Context, CuError, CuResult, Driver, Event, Pool, Stream};
@@ -25,22 +29,26 @@ pub struct Device {
     pub context: Context,
     pool: Pool,
     owns_pool: bool,
-    alloc_stream: Stream,
-    free_stream: Stream,
+    /// Allocations, and frees whose work is done; nothing else.
+    pool_stream: Stream,
+    /// Orders pending frees after destroyed streams' last work.
+    tail_stream: Stream,
     internal_deps: bool,
     pending_free_limit: u64,
-    frees: Mutex<FreeQueue>,
+    frees: Mutex<PendingFrees>,
 }
 
-/// Frees issued on the free stream whose completion the GPU has not yet shown.
-struct FreeQueue {
-    /// Recorded on the legacy and other streams, waited on by the free stream.
-    /// Reusing one event is safe: a wait binds to the record current at the call.
-    scratch: Event,
-    /// In issue order, so they complete in order: (recorded after the batch, its bytes).
-    pending: VecDeque<(Event, u64)>,
-    pending_bytes: u64,
-    spare: Vec<Event>,
+/// Frees waiting for the work issued before them, in the order of the frees.
+struct PendingFrees {
+    queue: VecDeque<PendingFree>,
+    bytes: u64,
+    spare_events: Vec<Event>,
+}
+
+struct PendingFree {
+    blocks: Vec<(u64, u64)>,
+    /// All passed: every stream has finished the work issued before the free.
+    events: Vec<Event>,
 }
 
 /// Why an allocation did not come from the pool.
@@ -50,7 +58,7 @@ pub enum AllocFailure {
     Driver(CuError),
 }
 
-/// The streams a free must be ordered after, besides the legacy stream.
+/// The streams a free must wait for, besides the legacy stream.
 pub struct Predecessors<'a> {
     pub nonblocking: &'a [Stream],
     /// Last work of destroyed streams that may still run.
@@ -77,16 +85,11 @@ impl Device {
             context,
             pool,
             owns_pool,
-            alloc_stream: driver.create_nonblocking_stream()?,
-            free_stream: driver.create_nonblocking_stream()?,
+            pool_stream: driver.create_nonblocking_stream()?,
+            tail_stream: driver.create_nonblocking_stream()?,
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit,
-            frees: Mutex::new(FreeQueue {
-                scratch: driver.create_event()?,
-                pending: VecDeque::new(),
-                pending_bytes: 0,
-                spare: Vec::new(),
-            }),
+            frees: Mutex::new(PendingFrees { queue: VecDeque::new(), bytes: 0, spare_events: Vec::new() }),
         })
     }
 
@@ -95,69 +98,115 @@ impl Device {
     pub fn alloc(&self, driver: &Driver, size: u64) -> Result<u64, AllocFailure> {
         {
             let mut frees = self.lock_frees();
-            frees.retire_passed(driver);
-            if frees.pending_bytes > self.pending_free_limit {
-                log::debug!(
-                    "device {}: {} bytes of frees in flight, over the limit: waiting",
-                    self.ordinal,
-                    frees.pending_bytes
-                );
-                self.wait_for_frees(driver, &mut frees);
+            self.return_passed(driver, &mut frees);
+            while frees.bytes > self.pending_free_limit {
+                log::debug!("device {}: {} bytes of frees pending, over the limit: waiting", self.ordinal, frees.bytes);
+                if !self.return_oldest(driver, &mut frees) {
+                    break;
+                }
             }
         }
-        let ptr = match driver.alloc_from_pool(size, self.pool, self.alloc_stream) {
+        let ptr = match driver.alloc_from_pool(size, self.pool, self.pool_stream) {
             Err(e) if e.is_out_of_memory() => self.alloc_after_reclaiming(driver, size)?,
             other => other.map_err(AllocFailure::Driver)?,
         };
         if self.internal_deps {
-            // The driver may have made the alloc stream wait for the reused
-            // block's free; the program's streams do not wait on ours.
-            driver.synchronize_stream(self.alloc_stream).map_err(AllocFailure::Driver)?;
+            // The driver may have made the pool stream wait for a block the
+            // program freed with cudaFreeAsync; the program's streams do not
+            // wait on the pool stream, so the host does.
+            driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
         }
         Ok(ptr)
     }
 
-    /// Out of memory: wait for the frees in flight, then give cached memory back, retrying after each.
+    /// Out of memory: wait for every pending free, then give cached memory
+    /// back to the driver, retrying after each.
     fn alloc_after_reclaiming(&self, driver: &Driver, size: u64) -> Result<u64, AllocFailure> {
-        self.wait_for_frees(driver, &mut self.lock_frees());
-        let retry = || driver.alloc_from_pool(size, self.pool, self.alloc_stream);
-        let first = retry();
-        let result = match first {
+        {
+            let mut frees = self.lock_frees();
+            while self.return_oldest(driver, &mut frees) {}
+        }
+        let attempt = || driver.alloc_from_pool(size, self.pool, self.pool_stream);
+        let result = match attempt() {
             Err(e) if e.is_out_of_memory() => {
                 log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
+                driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
                 driver.trim(self.pool).map_err(AllocFailure::Driver)?;
-                retry()
+                attempt()
             }
             other => other,
         };
         result.map_err(|e| if e.is_out_of_memory() { AllocFailure::OutOfMemory } else { AllocFailure::Driver(e) })
     }
 
-    /// Frees `blocks` (pointer, size) once all work issued so far on every
-    /// stream of this device has finished. The device's context must be current.
-    pub fn free(&self, driver: &Driver, blocks: &[(u64, u64)], after: &Predecessors) -> CuResult<()> {
+    /// Queues `blocks` (pointer, size) to return to the pool once all work
+    /// issued so far on every stream of this device has finished.
+    /// The device's context must be current.
+    pub fn free(&self, driver: &Driver, blocks: Vec<(u64, u64)>, after: &Predecessors) -> CuResult<()> {
         let mut frees = self.lock_frees();
-        let scratch = frees.scratch;
-        for stream in std::iter::once(&Stream::LEGACY).chain(after.nonblocking) {
-            driver.record(scratch, *stream)?;
-            driver.wait_event(self.free_stream, scratch)?;
+        let mut events = Vec::with_capacity(1 + after.nonblocking.len());
+        let recorded = (|| {
+            for stream in std::iter::once(&Stream::LEGACY).chain(after.nonblocking) {
+                let event = frees.take_event(driver)?;
+                events.push(event);
+                driver.record(event, *stream)?;
+            }
+            if !after.tails.is_empty() {
+                for tail in after.tails {
+                    driver.wait_event(self.tail_stream, *tail)?;
+                }
+                let event = frees.take_event(driver)?;
+                events.push(event);
+                driver.record(event, self.tail_stream)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = recorded {
+            frees.spare_events.extend(events);
+            return Err(e);
         }
-        for tail in after.tails {
-            driver.wait_event(self.free_stream, *tail)?;
-        }
-        let mut bytes = 0;
-        for &(ptr, size) in blocks {
-            driver.free_async(ptr, self.free_stream)?;
-            bytes += size;
-        }
-        let done = match frees.spare.pop() {
-            Some(event) => event,
-            None => driver.create_event()?,
-        };
-        driver.record(done, self.free_stream)?;
-        frees.pending.push_back((done, bytes));
-        frees.pending_bytes += bytes;
+        frees.bytes += blocks.iter().map(|(_, size)| size).sum::<u64>();
+        frees.queue.push_back(PendingFree { blocks, events });
+        self.return_passed(driver, &mut frees);
         Ok(())
+    }
+
+    /// Returns to the pool every pending free, from the oldest, whose work is done.
+    fn return_passed(&self, driver: &Driver, frees: &mut PendingFrees) {
+        while let Some(oldest) = frees.queue.front() {
+            if !oldest.events.iter().all(|&e| driver.has_passed(e)) {
+                break;
+            }
+            let oldest = frees.queue.pop_front().expect("front exists");
+            self.give_back(driver, frees, oldest);
+        }
+    }
+
+    /// Waits on the host for the oldest pending free's work, then returns it
+    /// to the pool. False if nothing was pending.
+    fn return_oldest(&self, driver: &Driver, frees: &mut PendingFrees) -> bool {
+        let Some(oldest) = frees.queue.pop_front() else {
+            return false;
+        };
+        for &event in &oldest.events {
+            if let Err(e) = driver.wait_for(event) {
+                log::warn!("device {}: waiting for earlier work failed: {e:?}", self.ordinal);
+            }
+        }
+        self.give_back(driver, frees, oldest);
+        true
+    }
+
+    /// Frees a passed entry's blocks on the idle pool stream: the pool can
+    /// hand them out again at once.
+    fn give_back(&self, driver: &Driver, frees: &mut PendingFrees, passed: PendingFree) {
+        for &(ptr, size) in &passed.blocks {
+            frees.bytes -= size;
+            if let Err(e) = driver.free_async(ptr, self.pool_stream) {
+                log::warn!("device {}: returning {size} bytes to the pool failed: {e:?}", self.ordinal);
+            }
+        }
+        frees.spare_events.extend(passed.events);
     }
 
     /// Lets device `accessor` reach every block of this pool, or stops it.
@@ -169,42 +218,29 @@ impl Device {
     /// Errors are ignored: this runs just before a reset destroys it all anyway.
     pub fn destroy(&self, driver: &Driver) {
         let frees = self.lock_frees();
-        let events = frees.pending.iter().map(|(e, _)| *e).chain(frees.spare.iter().copied());
-        for event in events.chain([frees.scratch]) {
+        let queued = frees.queue.iter().flat_map(|f| f.events.iter());
+        for &event in queued.chain(frees.spare_events.iter()) {
             let _ = driver.destroy_event(event);
         }
-        let _ = driver.destroy_stream(self.alloc_stream);
-        let _ = driver.destroy_stream(self.free_stream);
+        let _ = driver.destroy_stream(self.pool_stream);
+        let _ = driver.destroy_stream(self.tail_stream);
         if self.owns_pool {
             let _ = driver.destroy_pool(self.pool);
         }
     }
 
-    fn wait_for_frees(&self, driver: &Driver, frees: &mut FreeQueue) {
-        if let Err(e) = driver.synchronize_stream(self.free_stream) {
-            log::warn!("device {}: waiting for pending frees failed: {e:?}", self.ordinal);
-            return;
-        }
-        frees.retire_passed(driver);
-    }
-
-    fn lock_frees(&self) -> std::sync::MutexGuard<'_, FreeQueue> {
-        // A panic while holding the lock left the queue consistent (each
-        // update is a single push or pop), so a poisoned lock is still usable.
+    fn lock_frees(&self) -> MutexGuard<'_, PendingFrees> {
+        // A panic while holding the lock leaves at worst a block not returned
+        // to the pool (leaked, never reused unsafely), so a poisoned lock is usable.
         self.frees.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-impl FreeQueue {
-    /// Drops the frees the GPU has passed from the count.
-    fn retire_passed(&mut self, driver: &Driver) {
-        while let Some(&(event, bytes)) = self.pending.front() {
-            if !driver.has_passed(event) {
-                break;
-            }
-            self.pending.pop_front();
-            self.pending_bytes -= bytes;
-            self.spare.push(event);
+impl PendingFrees {
+    fn take_event(&mut self, driver: &Driver) -> CuResult<Event> {
+        match self.spare_events.pop() {
+            Some(event) => Ok(event),
+            None => driver.create_event(),
         }
     }
 }

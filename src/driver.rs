@@ -95,6 +95,7 @@ driver_table! {
     event_destroy = "cuEventDestroy_v2"(CUevent);
     event_record = "cuEventRecord"(CUevent, CUstream);
     event_query = "cuEventQuery"(CUevent);
+    event_synchronize = "cuEventSynchronize"(CUevent);
     pool_create = "cuMemPoolCreate"(*mut CUmemoryPool, *const CUmemPoolProps);
     pool_destroy = "cuMemPoolDestroy"(CUmemoryPool);
     pool_set_attribute = "cuMemPoolSetAttribute"(CUmemoryPool, CUmemPool_attribute, *mut c_void);
@@ -253,6 +254,12 @@ impl Driver {
         // SAFETY: `event` is live. Any code but success (not ready, or an
         // error) counts as not passed.
         unsafe { (self.table.event_query)(event.0) == CUresult::CUDA_SUCCESS as u32 }
+    }
+
+    /// Waits on the host until the GPU has passed the event's most recent record.
+    pub fn wait_for(&self, event: Event) -> CuResult<()> {
+        // SAFETY: `event` is live.
+        check(unsafe { (self.table.event_synchronize)(event.0) })
     }
 
     /// A pool of device memory on `device`, private to the shim.
