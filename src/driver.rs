@@ -1,19 +1,18 @@
-//! The real CUDA driver, as the program already loaded it.
+//! The core's view of the real CUDA driver: one safe method per driver call.
 //!
 //! The allocator core speaks only to the driver: its calls never touch the
 //! runtime's per-thread last error, and they work the same whether the program
-//! links the runtime dynamically or statically. The driver is taken from the
-//! `libcuda.so.1` already in the process (`RTLD_NOLOAD`), never loaded anew.
+//! links the runtime dynamically or statically.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::OnceLock;
 
 use cudarc::driver::sys::{
-    CUcontext, CUdevice_attribute, CUevent, CUmemAccessDesc, CUmemAccess_flags,
-    CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
-    CUmemPoolProps, CUmemPool_attribute, CUmemoryPool, CUresult, CUstream,
+    CUdevice_attribute, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType,
+    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemPool_attribute,
+    CUresult,
 };
-use libloading::os::unix::{Library, RTLD_NOW};
+
+use crate::real::{self, driver as cu};
 
 /// A driver result code, kept as the integer C returns (an unknown code must
 /// not become an invalid Rust enum).
@@ -39,100 +38,35 @@ fn check(code: u32) -> CuResult<()> {
 /// Opaque driver handles. They are plain tokens that the driver lets any
 /// thread use, so sending them between threads is sound.
 macro_rules! handle {
-    ($name:ident, $raw:ty) => {
+    ($name:ident) => {
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub struct $name(pub $raw);
+        pub struct $name(pub *mut c_void);
         // SAFETY: a driver handle is an opaque token valid from any thread.
         unsafe impl Send for $name {}
         unsafe impl Sync for $name {}
     };
 }
-handle!(Context, CUcontext);
-handle!(Stream, CUstream);
-handle!(Event, CUevent);
-handle!(Pool, CUmemoryPool);
+handle!(Context);
+handle!(Stream);
+handle!(Event);
+handle!(Pool);
 
 impl Stream {
     /// The legacy default stream of the current context (`CU_STREAM_LEGACY`):
     /// work recorded there waits for all blocking streams.
-    pub const LEGACY: Stream = Stream(1 as CUstream);
+    pub const LEGACY: Stream = Stream(1 as *mut c_void);
 }
 
 const CU_STREAM_NON_BLOCKING: c_uint = 1;
 const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 
-macro_rules! driver_table {
-    ($( $field:ident = $symbol:literal ( $($arg:ty),* ); )*) => {
-        /// Entry points of the real driver the core uses.
-        struct Table { $( $field: unsafe extern "C" fn($($arg),*) -> u32, )* }
-
-        impl Table {
-            /// SAFETY: `lib` must be the CUDA driver, whose symbols have these signatures.
-            unsafe fn resolve(lib: &Library) -> Result<Table, libloading::Error> {
-                Ok(Table { $( $field: *lib.get(concat!($symbol, "\0").as_bytes())?, )* })
-            }
-        }
-    };
-}
-
-driver_table! {
-    ctx_get_current = "cuCtxGetCurrent"(*mut CUcontext);
-    ctx_get_device = "cuCtxGetDevice"(*mut c_int);
-    ctx_push = "cuCtxPushCurrent_v2"(CUcontext);
-    ctx_pop = "cuCtxPopCurrent_v2"(*mut CUcontext);
-    ctx_synchronize = "cuCtxSynchronize"();
-    device_attribute = "cuDeviceGetAttribute"(*mut c_int, CUdevice_attribute, c_int);
-    device_total_mem = "cuDeviceTotalMem_v2"(*mut usize, c_int);
-    device_default_pool = "cuDeviceGetDefaultMemPool"(*mut CUmemoryPool, c_int);
-    primary_ctx_retain = "cuDevicePrimaryCtxRetain"(*mut CUcontext, c_int);
-    primary_ctx_release = "cuDevicePrimaryCtxRelease_v2"(c_int);
-    stream_create = "cuStreamCreate"(*mut CUstream, c_uint);
-    stream_destroy = "cuStreamDestroy_v2"(CUstream);
-    stream_synchronize = "cuStreamSynchronize"(CUstream);
-    stream_wait_event = "cuStreamWaitEvent"(CUstream, CUevent, c_uint);
-    stream_get_ctx = "cuStreamGetCtx"(CUstream, *mut CUcontext);
-    event_create = "cuEventCreate"(*mut CUevent, c_uint);
-    event_destroy = "cuEventDestroy_v2"(CUevent);
-    event_record = "cuEventRecord"(CUevent, CUstream);
-    event_query = "cuEventQuery"(CUevent);
-    event_synchronize = "cuEventSynchronize"(CUevent);
-    pool_create = "cuMemPoolCreate"(*mut CUmemoryPool, *const CUmemPoolProps);
-    pool_destroy = "cuMemPoolDestroy"(CUmemoryPool);
-    pool_set_attribute = "cuMemPoolSetAttribute"(CUmemoryPool, CUmemPool_attribute, *mut c_void);
-    pool_set_access = "cuMemPoolSetAccess"(CUmemoryPool, *const CUmemAccessDesc, usize);
-    pool_trim_to = "cuMemPoolTrimTo"(CUmemoryPool, usize);
-    alloc_from_pool = "cuMemAllocFromPoolAsync"(*mut u64, usize, CUmemoryPool, CUstream);
-    free_async = "cuMemFreeAsync"(u64, CUstream);
-}
-
-/// The real driver. Every method is one driver call; the handles passed in
-/// must be live ones of that driver (the callers' invariant).
-pub struct Driver {
-    table: Table,
-}
-
-static DRIVER: OnceLock<Driver> = OnceLock::new();
+/// Proof that the process has loaded the driver; its methods call it.
+pub struct Driver;
 
 /// The driver, if the process has loaded it. Not cached while absent: the
 /// runtime loads it lazily, and a later call may find it.
 pub fn loaded() -> Option<&'static Driver> {
-    if let Some(driver) = DRIVER.get() {
-        return Some(driver);
-    }
-    // SAFETY: RTLD_NOLOAD only finds a library already in the process; loading
-    // libcuda runs no code of ours.
-    let lib = unsafe { Library::open(Some("libcuda.so.1"), RTLD_NOW | libc::RTLD_NOLOAD) }.ok()?;
-    // SAFETY: libcuda.so.1 is the CUDA driver; the table's signatures are its own.
-    let table = match unsafe { Table::resolve(&lib) } {
-        Ok(table) => table,
-        Err(error) => {
-            log::warn!("the loaded libcuda.so.1 lacks an entry point the shim needs: {error}");
-            return None;
-        }
-    };
-    // The functions must outlive every caller: the library is never closed.
-    std::mem::forget(lib);
-    Some(DRIVER.get_or_init(|| Driver { table }))
+    real::libcuda().map(|_| &Driver)
 }
 
 /// Whether a pool policy or threshold attribute is set through an int or a u64.
@@ -143,9 +77,9 @@ enum AttributeValue {
 
 impl Driver {
     pub fn current_context(&self) -> CuResult<Option<Context>> {
-        let mut ctx: CUcontext = std::ptr::null_mut();
+        let mut ctx: *mut c_void = std::ptr::null_mut();
         // SAFETY: one out-pointer to a local.
-        check(unsafe { (self.table.ctx_get_current)(&mut ctx) })?;
+        check(unsafe { cu::cuCtxGetCurrent(&mut ctx) })?;
         Ok((!ctx.is_null()).then_some(Context(ctx)))
     }
 
@@ -153,7 +87,7 @@ impl Driver {
     pub fn current_device(&self) -> CuResult<i32> {
         let mut device: c_int = -1;
         // SAFETY: one out-pointer to a local.
-        check(unsafe { (self.table.ctx_get_device)(&mut device) })?;
+        check(unsafe { cu::cuCtxGetDevice(&mut device) })?;
         Ok(device)
     }
 
@@ -163,103 +97,103 @@ impl Driver {
             return Ok(f());
         }
         // SAFETY: `ctx` is a live context (callers hold it from the driver).
-        check(unsafe { (self.table.ctx_push)(ctx.0) })?;
+        check(unsafe { cu::cuCtxPushCurrent_v2(ctx.0) })?;
         let result = f();
-        let mut popped: CUcontext = std::ptr::null_mut();
+        let mut popped: *mut c_void = std::ptr::null_mut();
         // SAFETY: pops the context pushed just above.
-        check(unsafe { (self.table.ctx_pop)(&mut popped) })?;
+        check(unsafe { cu::cuCtxPopCurrent_v2(&mut popped) })?;
         Ok(result)
     }
 
     pub fn synchronize_context(&self) -> CuResult<()> {
         // SAFETY: no arguments; acts on the current context.
-        check(unsafe { (self.table.ctx_synchronize)() })
+        check(unsafe { cu::cuCtxSynchronize() })
     }
 
     pub fn supports_pools(&self, device: i32) -> CuResult<bool> {
         let mut value: c_int = 0;
         let attribute = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED;
         // SAFETY: one out-pointer to a local.
-        check(unsafe { (self.table.device_attribute)(&mut value, attribute, device) })?;
+        check(unsafe { cu::cuDeviceGetAttribute(&mut value, attribute as c_int, device) })?;
         Ok(value != 0)
     }
 
     pub fn total_memory(&self, device: i32) -> CuResult<u64> {
         let mut bytes: usize = 0;
         // SAFETY: one out-pointer to a local.
-        check(unsafe { (self.table.device_total_mem)(&mut bytes, device) })?;
+        check(unsafe { cu::cuDeviceTotalMem_v2(&mut bytes, device) })?;
         Ok(bytes as u64)
     }
 
     /// The device's primary context (the runtime's), without keeping a reference.
     pub fn primary_context(&self, device: i32) -> CuResult<Context> {
-        let mut ctx: CUcontext = std::ptr::null_mut();
+        let mut ctx: *mut c_void = std::ptr::null_mut();
         // SAFETY: retain then release leaves the reference count as it was.
         unsafe {
-            check((self.table.primary_ctx_retain)(&mut ctx, device))?;
-            check((self.table.primary_ctx_release)(device))?;
+            check(cu::cuDevicePrimaryCtxRetain(&mut ctx, device))?;
+            check(cu::cuDevicePrimaryCtxRelease_v2(device))?;
         }
         Ok(Context(ctx))
     }
 
     pub fn create_nonblocking_stream(&self) -> CuResult<Stream> {
-        let mut stream: CUstream = std::ptr::null_mut();
+        let mut stream: *mut c_void = std::ptr::null_mut();
         // SAFETY: one out-pointer to a local.
-        check(unsafe { (self.table.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) })?;
+        check(unsafe { cu::cuStreamCreate(&mut stream, CU_STREAM_NON_BLOCKING) })?;
         Ok(Stream(stream))
     }
 
     pub fn destroy_stream(&self, stream: Stream) -> CuResult<()> {
         // SAFETY: the caller created `stream` and no longer uses it.
-        check(unsafe { (self.table.stream_destroy)(stream.0) })
+        check(unsafe { cu::cuStreamDestroy_v2(stream.0) })
     }
 
     pub fn synchronize_stream(&self, stream: Stream) -> CuResult<()> {
         // SAFETY: `stream` is live.
-        check(unsafe { (self.table.stream_synchronize)(stream.0) })
+        check(unsafe { cu::cuStreamSynchronize(stream.0) })
     }
 
     /// `waiter` waits, on the GPU, for the event's most recent record.
     pub fn wait_event(&self, waiter: Stream, event: Event) -> CuResult<()> {
         // SAFETY: both handles are live.
-        check(unsafe { (self.table.stream_wait_event)(waiter.0, event.0, 0) })
+        check(unsafe { cu::cuStreamWaitEvent(waiter.0, event.0, 0) })
     }
 
     pub fn stream_context(&self, stream: Stream) -> CuResult<Context> {
-        let mut ctx: CUcontext = std::ptr::null_mut();
+        let mut ctx: *mut c_void = std::ptr::null_mut();
         // SAFETY: `stream` is live; one out-pointer to a local.
-        check(unsafe { (self.table.stream_get_ctx)(stream.0, &mut ctx) })?;
+        check(unsafe { cu::cuStreamGetCtx(stream.0, &mut ctx) })?;
         Ok(Context(ctx))
     }
 
     pub fn create_event(&self) -> CuResult<Event> {
-        let mut event: CUevent = std::ptr::null_mut();
+        let mut event: *mut c_void = std::ptr::null_mut();
         // SAFETY: one out-pointer to a local.
-        check(unsafe { (self.table.event_create)(&mut event, CU_EVENT_DISABLE_TIMING) })?;
+        check(unsafe { cu::cuEventCreate(&mut event, CU_EVENT_DISABLE_TIMING) })?;
         Ok(Event(event))
     }
 
     pub fn destroy_event(&self, event: Event) -> CuResult<()> {
         // SAFETY: the caller created `event` and no longer uses it.
-        check(unsafe { (self.table.event_destroy)(event.0) })
+        check(unsafe { cu::cuEventDestroy_v2(event.0) })
     }
 
     pub fn record(&self, event: Event, stream: Stream) -> CuResult<()> {
         // SAFETY: both handles are live and of the current context.
-        check(unsafe { (self.table.event_record)(event.0, stream.0) })
+        check(unsafe { cu::cuEventRecord(event.0, stream.0) })
     }
 
     /// Whether the GPU has passed the event's most recent record.
     pub fn has_passed(&self, event: Event) -> bool {
         // SAFETY: `event` is live. Any code but success (not ready, or an
         // error) counts as not passed.
-        unsafe { (self.table.event_query)(event.0) == CUresult::CUDA_SUCCESS as u32 }
+        unsafe { cu::cuEventQuery(event.0) == CUresult::CUDA_SUCCESS as u32 }
     }
 
     /// Waits on the host until the GPU has passed the event's most recent record.
     pub fn wait_for(&self, event: Event) -> CuResult<()> {
         // SAFETY: `event` is live.
-        check(unsafe { (self.table.event_synchronize)(event.0) })
+        check(unsafe { cu::cuEventSynchronize(event.0) })
     }
 
     /// A pool of device memory on `device`, private to the shim.
@@ -270,23 +204,23 @@ impl Driver {
         props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
         props.location = device_location(device);
-        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        let mut pool: *mut c_void = std::ptr::null_mut();
         // SAFETY: `props` is a complete description; one out-pointer to a local.
-        check(unsafe { (self.table.pool_create)(&mut pool, &props) })?;
+        check(unsafe { cu::cuMemPoolCreate(&mut pool, (&props as *const CUmemPoolProps).cast()) })?;
         Ok(Pool(pool))
     }
 
     pub fn default_pool(&self, device: i32) -> CuResult<Pool> {
-        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        let mut pool: *mut c_void = std::ptr::null_mut();
         // SAFETY: one out-pointer to a local.
-        check(unsafe { (self.table.device_default_pool)(&mut pool, device) })?;
+        check(unsafe { cu::cuDeviceGetDefaultMemPool(&mut pool, device) })?;
         Ok(Pool(pool))
     }
 
     pub fn destroy_pool(&self, pool: Pool) -> CuResult<()> {
         // SAFETY: the caller created `pool`; the driver defers the release
         // until outstanding allocations are gone.
-        check(unsafe { (self.table.pool_destroy)(pool.0) })
+        check(unsafe { cu::cuMemPoolDestroy(pool.0) })
     }
 
     pub fn set_release_threshold(&self, pool: Pool, bytes: u64) -> CuResult<()> {
@@ -322,16 +256,12 @@ impl Driver {
         // the threshold, as the value's variant is chosen by the callers above.
         unsafe {
             match value {
-                AttributeValue::Int(mut v) => check((self.table.pool_set_attribute)(
-                    pool.0,
-                    attribute,
-                    (&mut v as *mut c_int).cast(),
-                )),
-                AttributeValue::U64(mut v) => check((self.table.pool_set_attribute)(
-                    pool.0,
-                    attribute,
-                    (&mut v as *mut u64).cast(),
-                )),
+                AttributeValue::Int(mut v) => {
+                    check(cu::cuMemPoolSetAttribute(pool.0, attribute as c_int, (&mut v as *mut c_int).cast()))
+                }
+                AttributeValue::U64(mut v) => {
+                    check(cu::cuMemPoolSetAttribute(pool.0, attribute as c_int, (&mut v as *mut u64).cast()))
+                }
             }
         }
     }
@@ -345,26 +275,26 @@ impl Driver {
         };
         let desc = CUmemAccessDesc { location: device_location(accessor), flags };
         // SAFETY: one descriptor, passed with count 1.
-        check(unsafe { (self.table.pool_set_access)(pool.0, &desc, 1) })
+        check(unsafe { cu::cuMemPoolSetAccess(pool.0, (&desc as *const CUmemAccessDesc).cast(), 1) })
     }
 
     /// Returns the pool's unused memory to the driver.
     pub fn trim(&self, pool: Pool) -> CuResult<()> {
         // SAFETY: `pool` is live.
-        check(unsafe { (self.table.pool_trim_to)(pool.0, 0) })
+        check(unsafe { cu::cuMemPoolTrimTo(pool.0, 0) })
     }
 
     pub fn alloc_from_pool(&self, size: u64, pool: Pool, stream: Stream) -> CuResult<u64> {
         let mut ptr: u64 = 0;
         // SAFETY: live handles; one out-pointer to a local.
-        check(unsafe { (self.table.alloc_from_pool)(&mut ptr, size as usize, pool.0, stream.0) })?;
+        check(unsafe { cu::cuMemAllocFromPoolAsync(&mut ptr, size as usize, pool.0, stream.0) })?;
         Ok(ptr)
     }
 
     pub fn free_async(&self, ptr: u64, stream: Stream) -> CuResult<()> {
         // SAFETY: `ptr` came from a pool of this driver and is freed once
         // (the pointer map hands each pointer out for freeing once).
-        check(unsafe { (self.table.free_async)(ptr, stream.0) })
+        check(unsafe { cu::cuMemFreeAsync(ptr, stream.0) })
     }
 }
 

@@ -1,0 +1,188 @@
+//! What each hooked function does, for both front doors (the runtime's
+//! `cuda*` exports and the driver's `cu*` ones).
+//!
+//! Each hook decides whether a call is the pool's; if not, `real` (the real
+//! function with the caller's arguments) answers, so return codes and the
+//! runtime's last error are the real ones. The pool itself is driven through
+//! the driver, whose calls leave the runtime's last error alone.
+
+use std::ffi::{c_uint, c_void};
+
+use crate::allocator::{self, Allocator, Freed};
+use crate::driver::{self, Driver, Stream};
+use crate::passthrough::Passthrough;
+use crate::real::SUCCESS;
+
+/// `cudaStreamNonBlocking` and `CU_STREAM_NON_BLOCKING`.
+const STREAM_NON_BLOCKING: c_uint = 1;
+
+/// `cudaMalloc`/`cuMemAlloc`: `out` receives the device address.
+/// `make_context_current` is the door's way to create the current context
+/// where none is (false: there is none to make).
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn malloc(
+    out: *mut u64,
+    size: usize,
+    make_context_current: impl FnOnce() -> bool,
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    match pool_alloc(allocator::get(), out.is_null(), size as u64, make_context_current) {
+        Ok(ptr) => {
+            // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
+            unsafe { *out = ptr };
+            SUCCESS
+        }
+        Err(reason) => {
+            log::trace!("allocation of {size} bytes passed through: {reason:?}");
+            real()
+        }
+    }
+}
+
+fn pool_alloc(
+    allocator: &Allocator,
+    null_out: bool,
+    size: u64,
+    make_context_current: impl FnOnce() -> bool,
+) -> Result<u64, Passthrough> {
+    if let Some(reason) = allocator.size_passthrough(size) {
+        return Err(reason);
+    }
+    if null_out {
+        return Err(Passthrough::NullOutPointer);
+    }
+    if allocator.capture_in_progress() {
+        return Err(Passthrough::StreamCapture);
+    }
+    allocator.alloc(driver_with_context(make_context_current)?, size)
+}
+
+fn driver_with_context(make_context_current: impl FnOnce() -> bool) -> Result<&'static Driver, Passthrough> {
+    let has_context = |driver: &Driver| matches!(driver.current_context(), Ok(Some(_)));
+    if let Some(driver) = driver::loaded().filter(|d| has_context(d)) {
+        return Ok(driver);
+    }
+    if !make_context_current() {
+        return Err(Passthrough::NoContext);
+    }
+    driver::loaded().filter(|d| has_context(d)).ok_or(Passthrough::NoContext)
+}
+
+/// `cudaFree`/`cuMemFree`. During a capture the real free either fails (and
+/// invalidates the capture) or succeeds whatever the pointer:
+/// `real_free_would_fail` asks the real runtime or driver which, without
+/// freeing anything. `invalid_value` returns (and, for the runtime, leaves
+/// behind) the error of a bad free.
+pub fn free(
+    ptr: u64,
+    real_free_would_fail: impl FnOnce() -> Option<u32>,
+    invalid_value: impl FnOnce() -> u32,
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    let allocator = allocator::get();
+    let driver = match driver::loaded() {
+        Some(driver) if ptr != 0 && !allocator.config.disable => driver,
+        _ => return real(),
+    };
+    if allocator.capture_in_progress() && allocator.owns(ptr) {
+        if let Some(error) = real_free_would_fail() {
+            return error;
+        }
+    }
+    match allocator.free(driver, ptr) {
+        Freed::Issued { device } => {
+            if allocator.config.free_sync {
+                allocator.synchronize_device(driver, device);
+            }
+            SUCCESS
+        }
+        Freed::Deferred => SUCCESS,
+        Freed::NotOurs if allocator.is_deferred(ptr) => invalid_value(),
+        Freed::NotOurs => real(),
+    }
+}
+
+/// `cudaFreeAsync`/`cuMemFreeAsync`: the program frees a pointer itself, in
+/// the order of its stream. The real function does it; the map forgets it.
+pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
+    let allocator = allocator::get();
+    if !allocator.config.disable {
+        if allocator.is_deferred(ptr) {
+            return invalid_value();
+        }
+        allocator.forget(ptr);
+    }
+    real()
+}
+
+/// Stream creation: non-blocking streams are tracked, since the legacy stream
+/// does not order them.
+/// SAFETY: when `real` succeeds, `out` holds the new stream.
+pub unsafe fn stream_create(out: *mut *mut c_void, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+    let rc = real();
+    let allocator = allocator::get();
+    if rc == SUCCESS && flags & STREAM_NON_BLOCKING != 0 && !allocator.config.disable {
+        if let Some(driver) = driver::loaded() {
+            // SAFETY: success means the new stream was written to `out`.
+            allocator.stream_created(driver, Stream(unsafe { *out }));
+        }
+    }
+    rc
+}
+
+/// Stream destruction: the stream's last work stays ordered before later frees.
+pub fn stream_destroy(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
+    let allocator = allocator::get();
+    if let Some(driver) = driver::loaded().filter(|_| !allocator.config.disable) {
+        allocator.stream_destroying(driver, Stream(stream));
+    }
+    real()
+}
+
+/// The stream a `_ptsz` entry point means: NULL there is the per-thread default stream.
+pub fn per_thread(stream: *mut c_void) -> *mut c_void {
+    const PER_THREAD: usize = 2; // cudaStreamPerThread, CU_STREAM_PER_THREAD
+    if stream.is_null() {
+        PER_THREAD as *mut c_void
+    } else {
+        stream
+    }
+}
+
+/// Beginning a capture: while any capture runs, frees are queued.
+pub fn begin_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
+    let mut rc = SUCCESS;
+    allocator::get().begin_capture(Stream(stream), || {
+        rc = real();
+        rc == SUCCESS
+    });
+    rc
+}
+
+/// Ending a capture: frees queued during captures are issued once none is left.
+pub fn end_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
+    allocator::get().end_capture(driver::loaded(), Stream(stream), real)
+}
+
+/// A device reset destroys the device's memory and streams, so the shim
+/// forgets its pool and pointers first and makes new ones on next use.
+pub fn device_reset(device: Option<i32>, real: impl FnOnce() -> u32) -> u32 {
+    if let (Some(driver), Some(device)) = (driver::loaded(), device) {
+        allocator::get().device_resetting(driver, device);
+    }
+    real()
+}
+
+/// Peer access enabled (or disabled): once `accessor` may reach `owner`'s
+/// memory, `owner`'s pool grants it every block, past and future.
+/// `devices` names (owner, accessor) once `real` has succeeded.
+pub fn peer_access(allowed: bool, devices: impl FnOnce() -> Option<(i32, i32)>, real: impl FnOnce() -> u32) -> u32 {
+    let rc = real();
+    let allocator = allocator::get();
+    if rc == SUCCESS && !allocator.config.disable {
+        if let (Some(driver), Some((owner, accessor))) = (driver::loaded(), devices()) {
+            allocator.peer_access_changed(driver, owner, accessor, allowed);
+        }
+    }
+    rc
+}

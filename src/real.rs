@@ -1,0 +1,219 @@
+//! The real CUDA functions behind the shim's hooks, found, never loaded.
+//!
+//! Runtime functions: `dlsym(RTLD_NEXT)`, the next definition after the shim,
+//! i.e. the runtime the program loaded; a runtime a library loaded privately
+//! (`RTLD_LOCAL`) is outside that search, so the loaded objects named
+//! `libcudart` are searched next. Driver functions: the `libcuda.so.1`
+//! already in the process (`RTLD_NOLOAD`). Lookups go to the real `dlsym`,
+//! not the shim's, and each is made once.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libloading::os::unix::{Library, RTLD_NOW};
+
+use crate::dlsym_hook::real_dlsym;
+
+pub const SUCCESS: u32 = 0;
+/// `cudaErrorNotSupported` and `CUDA_ERROR_NOT_SUPPORTED` (both 801): the
+/// program's CUDA lacks the function (an older version).
+const NOT_SUPPORTED: u32 = 801;
+
+/// The handle of the loaded CUDA driver, if the process has loaded it.
+pub fn libcuda() -> Option<*mut c_void> {
+    static HANDLE: AtomicUsize = AtomicUsize::new(0);
+    let known = HANDLE.load(Ordering::Acquire);
+    if known != 0 {
+        return Some(known as *mut c_void);
+    }
+    // SAFETY: RTLD_NOLOAD only finds a library already in the process.
+    let lib = unsafe { Library::open(Some("libcuda.so.1"), RTLD_NOW | libc::RTLD_NOLOAD) }.ok()?;
+    // The reference is kept for the life of the process: the functions must outlive every caller.
+    let handle = lib.into_raw();
+    HANDLE.store(handle as usize, Ordering::Release);
+    Some(handle)
+}
+
+fn find_in_driver(name: &CStr) -> Option<usize> {
+    let symbol = real_dlsym(libcuda()?, name);
+    (!symbol.is_null()).then_some(symbol as usize)
+}
+
+fn find_in_runtime(name: &CStr) -> Option<usize> {
+    let next = real_dlsym(libc::RTLD_NEXT, name);
+    if !next.is_null() {
+        return Some(next as usize);
+    }
+    loaded_runtimes().into_iter().find_map(|path| {
+        // SAFETY: RTLD_NOLOAD only returns a library already in the process.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        let symbol = if handle.is_null() { std::ptr::null_mut() } else { real_dlsym(handle, name) };
+        (!symbol.is_null()).then_some(symbol as usize)
+    })
+}
+
+/// Paths of the loaded objects whose file name contains `libcudart`.
+fn loaded_runtimes() -> Vec<CString> {
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+        // SAFETY: the loader passes a valid entry; `data` is the Vec below.
+        let (info, found) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
+        if !info.dlpi_name.is_null() {
+            // SAFETY: dlpi_name is a NUL-terminated path.
+            let name = unsafe { CStr::from_ptr(info.dlpi_name) };
+            if name.to_bytes().windows(9).any(|w| w == b"libcudart") {
+                found.push(name.to_owned());
+            }
+        }
+        0
+    }
+    let mut found: Vec<CString> = Vec::new();
+    // SAFETY: `visit` only reads each entry and appends to `found`.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut found as *mut Vec<CString>).cast()) };
+    found
+}
+
+/// Defines, for each C function, a Rust function of the same name that calls
+/// the real one (found by `$find` on first use), or returns `NOT_SUPPORTED`.
+macro_rules! real_functions {
+    (find = $find:path; $( $symbol:ident ( $($arg:ident : $ty:ty),* ); )*) => {
+        $(
+            /// SAFETY: the caller passes what the C function expects.
+            #[allow(non_snake_case)]
+            pub unsafe fn $symbol($($arg: $ty),*) -> u32 {
+                static ADDRESS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+                let mut address = ADDRESS.load(std::sync::atomic::Ordering::Acquire);
+                if address == 0 {
+                    let name = concat!(stringify!($symbol), "\0");
+                    let name = std::ffi::CStr::from_bytes_with_nul(name.as_bytes()).expect("literal");
+                    address = $find(name).unwrap_or(0);
+                    ADDRESS.store(address, std::sync::atomic::Ordering::Release);
+                }
+                if address == 0 {
+                    return super::NOT_SUPPORTED;
+                }
+                // SAFETY: the symbol is the real function with this signature.
+                let f: unsafe extern "C" fn($($ty),*) -> u32 = unsafe { std::mem::transmute(address) };
+                unsafe { f($($arg),*) }
+            }
+        )*
+    };
+}
+
+/// The program's runtime.
+pub mod runtime {
+    use super::*;
+    real_functions! {
+        find = find_in_runtime;
+        cudaMalloc(ptr: *mut *mut c_void, size: usize);
+        cudaFree(ptr: *mut c_void);
+        cudaFreeAsync(ptr: *mut c_void, stream: *mut c_void);
+        cudaGetDevice(device: *mut c_int);
+        cudaDeviceReset();
+        cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint);
+        cudaDeviceDisablePeerAccess(peer: c_int);
+        cudaStreamCreateWithFlags(stream: *mut *mut c_void, flags: c_uint);
+        cudaStreamCreateWithPriority(stream: *mut *mut c_void, flags: c_uint, priority: c_int);
+        cudaStreamDestroy(stream: *mut c_void);
+        cudaStreamBeginCapture(stream: *mut c_void, mode: c_int);
+        cudaStreamBeginCaptureToGraph(
+            stream: *mut c_void,
+            graph: *mut c_void,
+            dependencies: *const c_void,
+            dependency_data: *const c_void,
+            count: usize,
+            mode: c_int
+        );
+        cudaStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void);
+        // Per-thread-default-stream builds (`--default-stream per-thread`) call these.
+        cudaFreeAsync_ptsz(ptr: *mut c_void, stream: *mut c_void);
+        cudaStreamBeginCapture_ptsz(stream: *mut c_void, mode: c_int);
+        cudaStreamBeginCaptureToGraph_ptsz(
+            stream: *mut c_void,
+            graph: *mut c_void,
+            dependencies: *const c_void,
+            dependency_data: *const c_void,
+            count: usize,
+            mode: c_int
+        );
+        cudaStreamEndCapture_ptsz(stream: *mut c_void, graph: *mut *mut c_void);
+    }
+
+    /// Leaves the runtime's last error at `cudaErrorInvalidValue`, as a bad
+    /// free does, by making the real `cudaFree` refuse a host address.
+    pub fn reproduce_invalid_value() -> u32 {
+        let host_byte: c_char = 0;
+        // SAFETY: cudaFree only inspects the address and refuses a host pointer.
+        unsafe { cudaFree(&host_byte as *const c_char as *mut c_void) }
+    }
+}
+
+/// The driver: the functions the core uses, and those the driver door wraps.
+pub mod driver {
+    use super::*;
+    real_functions! {
+        find = find_in_driver;
+        cuCtxGetCurrent(ctx: *mut *mut c_void);
+        cuCtxGetDevice(device: *mut c_int);
+        cuCtxPushCurrent_v2(ctx: *mut c_void);
+        cuCtxPopCurrent_v2(ctx: *mut *mut c_void);
+        cuCtxSynchronize();
+        cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: c_int);
+        cuDeviceTotalMem_v2(bytes: *mut usize, device: c_int);
+        cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int);
+        cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device: c_int);
+        cuDevicePrimaryCtxRelease_v2(device: c_int);
+        cuStreamSynchronize(stream: *mut c_void);
+        cuStreamWaitEvent(stream: *mut c_void, event: *mut c_void, flags: c_uint);
+        cuStreamGetCtx(stream: *mut c_void, ctx: *mut *mut c_void);
+        cuEventCreate(event: *mut *mut c_void, flags: c_uint);
+        cuEventDestroy_v2(event: *mut c_void);
+        cuEventRecord(event: *mut c_void, stream: *mut c_void);
+        cuEventQuery(event: *mut c_void);
+        cuEventSynchronize(event: *mut c_void);
+        cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
+        cuMemPoolDestroy(pool: *mut c_void);
+        cuMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void);
+        cuMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize);
+        cuMemPoolTrimTo(pool: *mut c_void, keep: usize);
+        cuMemAllocFromPoolAsync(ptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void);
+        // Wrapped by the driver door (and some used by the core too).
+        cuMemAlloc_v2(ptr: *mut u64, size: usize);
+        cuMemFree_v2(ptr: u64);
+        cuMemFreeAsync(ptr: u64, stream: *mut c_void);
+        cuMemFreeAsync_ptsz(ptr: u64, stream: *mut c_void);
+        cuStreamCreate(stream: *mut *mut c_void, flags: c_uint);
+        cuStreamCreateWithPriority(stream: *mut *mut c_void, flags: c_uint, priority: c_int);
+        cuStreamDestroy_v2(stream: *mut c_void);
+        cuStreamBeginCapture_v2(stream: *mut c_void, mode: c_int);
+        cuStreamBeginCapture_v2_ptsz(stream: *mut c_void, mode: c_int);
+        cuStreamBeginCaptureToGraph(
+            stream: *mut c_void,
+            graph: *mut c_void,
+            dependencies: *const c_void,
+            dependency_data: *const c_void,
+            count: usize,
+            mode: c_int
+        );
+        cuStreamBeginCaptureToGraph_ptsz(
+            stream: *mut c_void,
+            graph: *mut c_void,
+            dependencies: *const c_void,
+            dependency_data: *const c_void,
+            count: usize,
+            mode: c_int
+        );
+        cuStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void);
+        cuStreamEndCapture_ptsz(stream: *mut c_void, graph: *mut *mut c_void);
+        cuCtxEnablePeerAccess(peer: *mut c_void, flags: c_uint);
+        cuCtxDisablePeerAccess(peer: *mut c_void);
+        cuDevicePrimaryCtxReset_v2(device: c_int);
+        cuGetProcAddress(symbol: *const c_char, function: *mut *mut c_void, version: c_int, flags: u64);
+        cuGetProcAddress_v2(
+            symbol: *const c_char,
+            function: *mut *mut c_void,
+            version: c_int,
+            flags: u64,
+            status: *mut c_int
+        );
+    }
+}
