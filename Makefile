@@ -2,6 +2,7 @@
 # need a GPU and nvcc; SHIM=path/to/libsomashim.so uses a prebuilt library (no cargo).
 SHELL := /bin/bash
 CUDA_RUNTIME_PIN := 13.0.96
+CUDA_CRT_PIN := 13.0.88
 BUILD := build
 CUDA_HEADERS := $(BUILD)/cuda/nvidia/cu13/include
 SHIM ?=
@@ -9,10 +10,13 @@ SHIM_LIB := $(if $(SHIM),$(SHIM),target/release/libsomashim.so)
 
 .PHONY: test gpu-test demo bench headers shim clean
 
-# Real CUDA headers for the CPU test double, from the pinned pip package.
-headers: $(CUDA_HEADERS)/cuda.h
-$(CUDA_HEADERS)/cuda.h:
-	python3 -m pip install --quiet --no-deps --target $(BUILD)/cuda nvidia-cuda-runtime==$(CUDA_RUNTIME_PIN)
+# Real CUDA 13.0 headers for the CPU test double, from the pinned pip packages
+# (the runtime's, and crt/ which cuda_runtime_api.h includes).
+headers: $(CUDA_HEADERS)/crt/host_defines.h
+$(CUDA_HEADERS)/crt/host_defines.h:
+	rm -rf $(BUILD)/cuda
+	python3 -m pip install --quiet --no-deps --disable-pip-version-check --root-user-action=ignore \
+		--target $(BUILD)/cuda nvidia-cuda-runtime==$(CUDA_RUNTIME_PIN) nvidia-cuda-crt==$(CUDA_CRT_PIN)
 
 shim:
 ifeq ($(SHIM),)

@@ -6,6 +6,7 @@
 //! exports) decide *whether* a call is the pool's; the core does the pooling.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use crate::config::Config;
@@ -17,8 +18,8 @@ use crate::ptrmap::{Block, PointerMap};
 pub struct Allocator {
     pub config: Config,
     map: PointerMap,
-    /// By device ordinal; `None` where the device cannot be pooled.
-    devices: RwLock<HashMap<i32, Option<Arc<Device>>>>,
+    /// Indexed by device ordinal: not yet seen, cannot be pooled, or its pool.
+    devices: RwLock<Vec<DeviceSlot>>,
     streams: Mutex<StreamRegistry>,
     /// Captures in progress, keyed by stream and, for the per-thread default
     /// stream (one handle, many streams), by thread. Held for reading while a
@@ -26,16 +27,32 @@ pub struct Allocator {
     captures: RwLock<HashMap<CaptureKey, usize>>,
     /// Frees that arrived during a capture, issued once no capture is in progress.
     deferred: Mutex<Vec<(u64, Block)>>,
+    /// Whether `deferred` may be non-empty (checked on every call, locked rarely).
+    has_deferred: AtomicBool,
     /// (owner, accessor): `accessor` enabled peer access to `owner`'s memory.
     peer_grants: Mutex<HashSet<(i32, i32)>>,
 }
 
+#[derive(Clone, Default)]
+enum DeviceSlot {
+    #[default]
+    Unseen,
+    Unpooled,
+    Pooled(Arc<Device>),
+}
+
+/// Per context: the streams every free there must wait for.
 #[derive(Default)]
 struct StreamRegistry {
-    /// Live non-blocking streams, with their context.
-    nonblocking: Vec<(Context, Stream)>,
+    contexts: Vec<(Context, ContextStreams)>,
+}
+
+#[derive(Default)]
+struct ContextStreams {
+    /// Live non-blocking streams.
+    nonblocking: Vec<Stream>,
     /// Events recorded as the last work of destroyed non-blocking streams.
-    tails: Vec<(Context, Event)>,
+    tails: Vec<Event>,
 }
 
 type CaptureKey = (usize, u64);
@@ -71,10 +88,11 @@ pub fn get() -> &'static Allocator {
         Allocator {
             config,
             map: PointerMap::default(),
-            devices: RwLock::new(HashMap::new()),
+            devices: RwLock::new(Vec::new()),
             streams: Mutex::new(StreamRegistry::default()),
             captures: RwLock::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
+            has_deferred: AtomicBool::new(false),
             peer_grants: Mutex::new(HashSet::new()),
         }
     })
@@ -146,9 +164,10 @@ impl Allocator {
         };
         if !captures.is_empty() {
             lock(&self.deferred).push((ptr, block));
+            self.has_deferred.store(true, Ordering::Release);
             return Freed::Deferred;
         }
-        self.free_blocks(driver, block.device, vec![(ptr, block.size)]);
+        self.free_block(driver, ptr, block);
         drop(captures);
         self.issue_deferred_frees(driver);
         Freed::Issued { device: block.device }
@@ -161,7 +180,7 @@ impl Allocator {
     /// Whether `ptr` was freed during a capture and waits to be issued: a
     /// second free of it is a double free.
     pub fn is_deferred(&self, ptr: u64) -> bool {
-        lock(&self.deferred).iter().any(|(p, _)| *p == ptr)
+        self.has_deferred.load(Ordering::Acquire) && lock(&self.deferred).iter().any(|(p, _)| *p == ptr)
     }
 
     /// Forgets `ptr` because the program frees it itself (`cudaFreeAsync`).
@@ -179,90 +198,102 @@ impl Allocator {
         }
     }
 
-    fn free_blocks(&self, driver: &Driver, ordinal: i32, blocks: Vec<(u64, u64)>) {
-        let Some(device) = self.known_device(ordinal) else {
-            log::warn!("free of {} block(s) on device {ordinal}, which has no pool", blocks.len());
+    /// Queues the block's return to its pool after all work issued so far.
+    /// The captures lock must be held (for reading) with no capture in progress.
+    fn free_block(&self, driver: &Driver, ptr: u64, block: Block) {
+        let Some(device) = self.known_device(block.device) else {
+            log::warn!("free of {ptr:#x} on device {}, which has no pool", block.device);
             return;
         };
-        let count = blocks.len();
         let result = driver.with_context(device.context, || {
             let mut registry = lock(&self.streams);
-            registry.retire_passed_tails(driver, device.context);
-            let nonblocking: Vec<Stream> = registry.streams_of(device.context).collect();
-            let tails: Vec<Event> = registry.tails_of(device.context).collect();
-            drop(registry);
-            device.free(driver, blocks, &Predecessors { nonblocking: &nonblocking, tails: &tails })
+            let streams = registry.of(device.context);
+            streams.retire_passed_tails(driver);
+            let after = Predecessors { nonblocking: &streams.nonblocking, tails: &streams.tails };
+            device.free(driver, ptr, block.size, &after)
         });
         if let Err(e) = result.and_then(|r| r) {
-            // Without the ordering the blocks cannot be reused safely: they stay allocated.
-            log::warn!("device {ordinal}: free of {count} block(s) failed, leaking them: {e:?}");
+            // Without the ordering the block cannot be reused safely: it stays allocated.
+            log::warn!("device {}: free of {ptr:#x} failed, leaking {} bytes: {e:?}", block.device, block.size);
         }
     }
 
     fn issue_deferred_frees(&self, driver: &Driver) {
+        if !self.has_deferred.load(Ordering::Acquire) {
+            return;
+        }
         let captures = self.captures.read().unwrap_or_else(|p| p.into_inner());
         if !captures.is_empty() {
             return;
         }
-        let deferred = std::mem::take(&mut *lock(&self.deferred));
-        let mut by_device: HashMap<i32, Vec<(u64, u64)>> = HashMap::new();
+        let deferred = {
+            let mut deferred = lock(&self.deferred);
+            self.has_deferred.store(false, Ordering::Release);
+            std::mem::take(&mut *deferred)
+        };
         for (ptr, block) in deferred {
-            by_device.entry(block.device).or_default().push((ptr, block.size));
-        }
-        for (ordinal, blocks) in by_device {
-            self.free_blocks(driver, ordinal, blocks);
+            self.free_block(driver, ptr, block);
         }
     }
 
     fn known_device(&self, ordinal: i32) -> Option<Arc<Device>> {
         let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
-        devices.get(&ordinal).cloned().flatten()
+        match devices.get(usize::try_from(ordinal).ok()?) {
+            Some(DeviceSlot::Pooled(device)) => Some(Arc::clone(device)),
+            _ => None,
+        }
     }
 
     /// The pool of the current context's device, set up on first use.
     fn device(&self, driver: &Driver, context: Context) -> Result<Arc<Device>, Passthrough> {
         let ordinal = driver.current_device().map_err(|_| Passthrough::NoContext)?;
-        let existing = {
+        let index = usize::try_from(ordinal).map_err(|_| Passthrough::NoContext)?;
+        let known = {
             let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
-            devices.get(&ordinal).cloned()
+            devices.get(index).cloned().unwrap_or_default()
         };
-        let device = match existing {
-            Some(device) => device,
-            None => {
+        let slot = match known {
+            DeviceSlot::Unseen => {
                 let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-                let entry = devices.entry(ordinal).or_insert_with(|| self.set_up(driver, ordinal, context));
-                entry.clone()
+                if devices.len() <= index {
+                    devices.resize(index + 1, DeviceSlot::Unseen);
+                }
+                if let DeviceSlot::Unseen = devices[index] {
+                    devices[index] = self.set_up(driver, ordinal, context);
+                }
+                devices[index].clone()
             }
+            known => known,
         };
-        match device {
-            None => Err(Passthrough::NoPoolSupport),
-            Some(device) if device.context != context => Err(Passthrough::ForeignContext),
-            Some(device) => Ok(device),
+        match slot {
+            DeviceSlot::Pooled(device) if device.context == context => Ok(device),
+            DeviceSlot::Pooled(_) => Err(Passthrough::ForeignContext),
+            _ => Err(Passthrough::NoPoolSupport),
         }
     }
 
-    fn set_up(&self, driver: &Driver, ordinal: i32, context: Context) -> Option<Arc<Device>> {
+    fn set_up(&self, driver: &Driver, ordinal: i32, context: Context) -> DeviceSlot {
         match driver.supports_pools(ordinal) {
             Ok(true) => {}
             Ok(false) => {
                 log::info!("device {ordinal} has no memory pool support: its allocations pass through");
-                return None;
+                return DeviceSlot::Unpooled;
             }
             Err(e) => {
                 log::warn!("device {ordinal}: cannot query pool support ({e:?}): passing through");
-                return None;
+                return DeviceSlot::Unpooled;
             }
         }
         if driver.primary_context(ordinal).ok() != Some(context) {
             // A context of the program's own: set up when the primary one is current.
             log::debug!("device {ordinal}: current context is not the primary one");
-            return None;
+            return DeviceSlot::Unseen;
         }
         let device = match Device::create(driver, ordinal, context, &self.config) {
             Ok(device) => device,
             Err(e) => {
                 log::warn!("device {ordinal}: setting up the pool failed ({e:?}): passing through");
-                return None;
+                return DeviceSlot::Unpooled;
             }
         };
         for &(owner, accessor) in lock(&self.peer_grants).iter() {
@@ -273,13 +304,13 @@ impl Allocator {
             }
         }
         log::debug!("device {ordinal}: pool ready");
-        Some(Arc::new(device))
+        DeviceSlot::Pooled(Arc::new(device))
     }
 
     /// Tracks a new non-blocking stream: every later free waits for its work.
     pub fn stream_created(&self, driver: &Driver, stream: Stream) {
         match driver.stream_context(stream) {
-            Ok(context) => lock(&self.streams).nonblocking.push((context, stream)),
+            Ok(context) => lock(&self.streams).of(context).nonblocking.push(stream),
             Err(e) => log::warn!("cannot find the context of a new stream: {e:?}"),
         }
     }
@@ -288,10 +319,10 @@ impl Allocator {
     /// predecessor of later frees until the GPU has passed it.
     pub fn stream_destroying(&self, driver: &Driver, stream: Stream) {
         let mut registry = lock(&self.streams);
-        let Some(index) = registry.nonblocking.iter().position(|(_, s)| *s == stream) else {
+        let Some((context, streams)) = registry.holding(stream) else {
             return;
         };
-        let (context, _) = registry.nonblocking.swap_remove(index);
+        streams.nonblocking.retain(|s| *s != stream);
         if self.is_capturing(stream) {
             return;
         }
@@ -300,7 +331,7 @@ impl Allocator {
             driver.record(event, stream).map(|_| event)
         });
         match tail.and_then(|r| r) {
-            Ok(event) => registry.tails.push((context, event)),
+            Ok(event) => streams.tails.push(event),
             Err(e) => log::warn!("cannot record the last work of a destroyed stream: {e:?}"),
         }
     }
@@ -342,7 +373,11 @@ impl Allocator {
     pub fn device_resetting(&self, driver: &Driver, ordinal: i32) {
         let removed = {
             let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-            devices.remove(&ordinal).flatten()
+            let slot = usize::try_from(ordinal).ok().and_then(|i| devices.get_mut(i));
+            match slot.map(std::mem::take) {
+                Some(DeviceSlot::Pooled(device)) => Some(device),
+                _ => None,
+            }
         };
         let forgotten = self.map.forget_device(ordinal);
         lock(&self.deferred).retain(|(_, block)| block.device != ordinal);
@@ -379,28 +414,41 @@ fn capture_key(stream: Stream) -> CaptureKey {
 }
 
 impl StreamRegistry {
-    fn streams_of(&self, context: Context) -> impl Iterator<Item = Stream> + '_ {
-        self.nonblocking.iter().filter(move |(c, _)| *c == context).map(|(_, s)| *s)
+    /// The streams of `context`, registered on first use.
+    fn of(&mut self, context: Context) -> &mut ContextStreams {
+        let index = match self.contexts.iter().position(|(c, _)| *c == context) {
+            Some(index) => index,
+            None => {
+                self.contexts.push((context, ContextStreams::default()));
+                self.contexts.len() - 1
+            }
+        };
+        &mut self.contexts[index].1
     }
 
-    fn tails_of(&self, context: Context) -> impl Iterator<Item = Event> + '_ {
-        self.tails.iter().filter(move |(c, _)| *c == context).map(|(_, e)| *e)
+    /// The context holding the live non-blocking `stream`, with its streams.
+    fn holding(&mut self, stream: Stream) -> Option<(Context, &mut ContextStreams)> {
+        self.contexts
+            .iter_mut()
+            .find(|(_, streams)| streams.nonblocking.contains(&stream))
+            .map(|(context, streams)| (*context, streams))
     }
 
+    fn forget_context(&mut self, context: Context) {
+        self.contexts.retain(|(c, _)| *c != context);
+    }
+}
+
+impl ContextStreams {
     /// Drops the tails of destroyed streams that the GPU has passed.
-    fn retire_passed_tails(&mut self, driver: &Driver, context: Context) {
-        self.tails.retain(|&(c, event)| {
-            if c == context && driver.has_passed(event) {
+    fn retire_passed_tails(&mut self, driver: &Driver) {
+        self.tails.retain(|&event| {
+            if driver.has_passed(event) {
                 let _ = driver.destroy_event(event);
                 false
             } else {
                 true
             }
         });
-    }
-
-    fn forget_context(&mut self, context: Context) {
-        self.nonblocking.retain(|(c, _)| *c != context);
-        self.tails.retain(|(c, _)| *c != context);
     }
 }

@@ -43,10 +43,13 @@ struct PendingFrees {
     queue: VecDeque<PendingFree>,
     bytes: u64,
     spare_events: Vec<Event>,
+    /// Emptied event lists, kept so that a free allocates nothing.
+    spare_lists: Vec<Vec<Event>>,
 }
 
 struct PendingFree {
-    blocks: Vec<(u64, u64)>,
+    ptr: u64,
+    size: u64,
     /// All passed: every stream has finished the work issued before the free.
     events: Vec<Event>,
 }
@@ -89,7 +92,12 @@ impl Device {
             tail_stream: driver.create_nonblocking_stream()?,
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit,
-            frees: Mutex::new(PendingFrees { queue: VecDeque::new(), bytes: 0, spare_events: Vec::new() }),
+            frees: Mutex::new(PendingFrees {
+                queue: VecDeque::new(),
+                bytes: 0,
+                spare_events: Vec::new(),
+                spare_lists: Vec::new(),
+            }),
         })
     }
 
@@ -139,35 +147,47 @@ impl Device {
         result.map_err(|e| if e.is_out_of_memory() { AllocFailure::OutOfMemory } else { AllocFailure::Driver(e) })
     }
 
-    /// Queues `blocks` (pointer, size) to return to the pool once all work
-    /// issued so far on every stream of this device has finished.
+    /// Queues the block at `ptr` to return to the pool once all work issued
+    /// so far on every stream of this device has finished.
     /// The device's context must be current.
-    pub fn free(&self, driver: &Driver, blocks: Vec<(u64, u64)>, after: &Predecessors) -> CuResult<()> {
+    pub fn free(&self, driver: &Driver, ptr: u64, size: u64, after: &Predecessors) -> CuResult<()> {
         let mut frees = self.lock_frees();
-        let mut events = Vec::with_capacity(1 + after.nonblocking.len());
-        let recorded = (|| {
-            for stream in std::iter::once(&Stream::LEGACY).chain(after.nonblocking) {
-                let event = frees.take_event(driver)?;
-                events.push(event);
-                driver.record(event, *stream)?;
-            }
-            if !after.tails.is_empty() {
-                for tail in after.tails {
-                    driver.wait_event(self.tail_stream, *tail)?;
-                }
-                let event = frees.take_event(driver)?;
-                events.push(event);
-                driver.record(event, self.tail_stream)?;
-            }
-            Ok(())
-        })();
+        // Earlier frees are likelier done than this one: return them first.
+        self.return_passed(driver, &mut frees);
+        let mut events = frees.spare_lists.pop().unwrap_or_default();
+        let recorded = self.record_predecessors(driver, &mut frees, &mut events, after);
         if let Err(e) = recorded {
-            frees.spare_events.extend(events);
+            frees.spare_events.append(&mut events);
+            frees.spare_lists.push(events);
             return Err(e);
         }
-        frees.bytes += blocks.iter().map(|(_, size)| size).sum::<u64>();
-        frees.queue.push_back(PendingFree { blocks, events });
-        self.return_passed(driver, &mut frees);
+        frees.bytes += size;
+        frees.queue.push_back(PendingFree { ptr, size, events });
+        Ok(())
+    }
+
+    /// Records, into `events`, an event after the work issued so far on the
+    /// legacy stream, each non-blocking stream and each destroyed stream.
+    fn record_predecessors(
+        &self,
+        driver: &Driver,
+        frees: &mut PendingFrees,
+        events: &mut Vec<Event>,
+        after: &Predecessors,
+    ) -> CuResult<()> {
+        for stream in std::iter::once(&Stream::LEGACY).chain(after.nonblocking) {
+            let event = frees.take_event(driver)?;
+            events.push(event);
+            driver.record(event, *stream)?;
+        }
+        if !after.tails.is_empty() {
+            for tail in after.tails {
+                driver.wait_event(self.tail_stream, *tail)?;
+            }
+            let event = frees.take_event(driver)?;
+            events.push(event);
+            driver.record(event, self.tail_stream)?;
+        }
         Ok(())
     }
 
@@ -197,16 +217,15 @@ impl Device {
         true
     }
 
-    /// Frees a passed entry's blocks on the idle pool stream: the pool can
-    /// hand them out again at once.
-    fn give_back(&self, driver: &Driver, frees: &mut PendingFrees, passed: PendingFree) {
-        for &(ptr, size) in &passed.blocks {
-            frees.bytes -= size;
-            if let Err(e) = driver.free_async(ptr, self.pool_stream) {
-                log::warn!("device {}: returning {size} bytes to the pool failed: {e:?}", self.ordinal);
-            }
+    /// Frees a passed entry's block on the idle pool stream: the pool can
+    /// hand it out again at once.
+    fn give_back(&self, driver: &Driver, frees: &mut PendingFrees, mut passed: PendingFree) {
+        frees.bytes -= passed.size;
+        if let Err(e) = driver.free_async(passed.ptr, self.pool_stream) {
+            log::warn!("device {}: returning {} bytes to the pool failed: {e:?}", self.ordinal, passed.size);
         }
-        frees.spare_events.extend(passed.events);
+        frees.spare_events.append(&mut passed.events);
+        frees.spare_lists.push(passed.events);
     }
 
     /// Lets device `accessor` reach every block of this pool, or stops it.
