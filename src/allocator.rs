@@ -7,16 +7,20 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, RwLock};
 
-use crate::config::Config;
+use crate::config::{Config, StatsOutput};
 use crate::device::{AllocFailure, Device, Predecessors};
 use crate::driver::{Context, Driver, Event, Stream};
 use crate::passthrough::Passthrough;
-use crate::ptrmap::{Block, PointerMap};
+use crate::ptrmap::{Block, Claim, PointerMap};
+use crate::stats::{PoolPeaks, Stats};
+use crate::trace::{Op, Trace};
 
 pub struct Allocator {
     pub config: Config,
+    pub stats: Stats,
+    trace: Option<Trace>,
     map: PointerMap,
     /// Indexed by device ordinal: not yet seen, cannot be pooled, or its pool.
     devices: RwLock<Vec<DeviceSlot>>,
@@ -25,7 +29,8 @@ pub struct Allocator {
     /// stream (one handle, many streams), by thread. Held for reading while a
     /// free records events, so no capture can begin in between.
     captures: RwLock<HashMap<CaptureKey, usize>>,
-    /// Frees that arrived during a capture, issued once no capture is in progress.
+    /// Frees that arrived during a capture (pending in the map), issued once
+    /// no capture is in progress.
     deferred: Mutex<Vec<(u64, Block)>>,
     /// Whether `deferred` may be non-empty (checked on every call, locked rarely).
     has_deferred: AtomicBool,
@@ -64,6 +69,8 @@ pub enum Freed {
     Issued { device: i32 },
     /// The pool's pointer, queued until no capture is in progress.
     Deferred,
+    /// The pool's pointer, already freed: a double free.
+    AlreadyFreed,
     /// Not the pool's: the real free must handle it.
     NotOurs,
 }
@@ -85,8 +92,13 @@ pub fn get() -> &'static Allocator {
         for (name, value) in &config.effective {
             log::debug!("{name}={value}");
         }
+        let trace = config.trace.as_deref().and_then(|path| {
+            Trace::create(path).map_err(|e| log::warn!("cannot write the trace to {path}: {e}")).ok()
+        });
         Allocator {
             config,
+            stats: Stats::default(),
+            trace,
             map: PointerMap::default(),
             devices: RwLock::new(Vec::new()),
             streams: Mutex::new(StreamRegistry::default()),
@@ -96,6 +108,13 @@ pub fn get() -> &'static Allocator {
             peer_grants: Mutex::new(HashSet::new()),
         }
     })
+}
+
+extern "C" fn at_exit() {
+    if let Some(allocator) = ALLOCATOR.get() {
+        // A panic here must not unwind into libc's exit.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| allocator.report()));
+    }
 }
 
 fn init_logging(config: &Config) {
@@ -139,12 +158,14 @@ impl Allocator {
         };
         let device = self.device(driver, context)?;
         self.issue_deferred_frees(driver);
-        match device.alloc(driver, size) {
+        match device.alloc(driver, size, self.stats.device(device.ordinal), &self.map) {
             Ok(ptr) => {
                 let stale = self.map.insert(ptr, Block { device: device.ordinal, size });
                 if let Some(stale) = stale {
                     log::warn!("pointer map was stale at {ptr:#x} ({stale:?})");
                 }
+                let in_use = self.stats.pooled_alloc(device.ordinal, size);
+                self.observe(driver, &device, Op::Alloc, size, ptr, in_use);
                 Ok(ptr)
             }
             Err(AllocFailure::OutOfMemory) => Err(Passthrough::PoolOutOfMemory),
@@ -159,9 +180,12 @@ impl Allocator {
     /// queued: recording events then could join or break the capture.
     pub fn free(&self, driver: &Driver, ptr: u64) -> Freed {
         let captures = self.captures.read().unwrap_or_else(|p| p.into_inner());
-        let Some(block) = self.map.remove(ptr) else {
-            return Freed::NotOurs;
+        let block = match self.map.claim_for_free(ptr) {
+            Claim::Live(block) => block,
+            Claim::Pending => return Freed::AlreadyFreed,
+            Claim::Unknown => return Freed::NotOurs,
         };
+        self.freed(driver, Op::Free, ptr, block);
         if !captures.is_empty() {
             lock(&self.deferred).push((ptr, block));
             self.has_deferred.store(true, Ordering::Release);
@@ -173,19 +197,84 @@ impl Allocator {
         Freed::Issued { device: block.device }
     }
 
+    /// Whether `ptr` is a live block of the pool's.
     pub fn owns(&self, ptr: u64) -> bool {
-        self.map.contains(ptr)
+        self.map.is_live(ptr)
     }
 
-    /// Whether `ptr` was freed during a capture and waits to be issued: a
-    /// second free of it is a double free.
-    pub fn is_deferred(&self, ptr: u64) -> bool {
-        self.has_deferred.load(Ordering::Acquire) && lock(&self.deferred).iter().any(|(p, _)| *p == ptr)
+    /// The program frees `ptr` itself (`cudaFreeAsync`): the map forgets a
+    /// live block; a pending one makes this a double free.
+    pub fn forget(&self, driver: Option<&Driver>, ptr: u64) -> Freed {
+        match self.map.claim_for_free_async(ptr) {
+            Claim::Live(block) => {
+                if let Some(driver) = driver {
+                    self.freed(driver, Op::FreeAsync, ptr, block);
+                }
+                Freed::Issued { device: block.device }
+            }
+            Claim::Pending => Freed::AlreadyFreed,
+            Claim::Unknown => Freed::NotOurs,
+        }
     }
 
-    /// Forgets `ptr` because the program frees it itself (`cudaFreeAsync`).
-    pub fn forget(&self, ptr: u64) -> bool {
-        self.map.remove(ptr).is_some()
+    /// Counts a pool block leaving the program's hands.
+    fn freed(&self, driver: &Driver, op: Op, ptr: u64, block: Block) {
+        let in_use = self.stats.pooled_free(block.device, block.size);
+        if let (Some(trace), Some(device)) = (&self.trace, self.known_device(block.device)) {
+            trace.record(block.device, op, block.size, ptr, in_use, device.reserved(driver));
+        }
+    }
+
+    /// After a pool allocation: the trace, the reserved peak behind a new
+    /// in-use peak (kept for when the pool cannot be asked at exit), and the
+    /// exit report once.
+    fn observe(&self, driver: &Driver, device: &Device, op: Op, size: u64, ptr: u64, in_use: u64) {
+        let reporting = self.config.stats != StatsOutput::Off || self.trace.is_some();
+        if !reporting {
+            return;
+        }
+        static REGISTER: Once = Once::new();
+        // SAFETY: at_exit is a plain extern "C" fn with no arguments.
+        REGISTER.call_once(|| unsafe {
+            libc::atexit(at_exit);
+        });
+        let counters = self.stats.device(device.ordinal);
+        if in_use >= counters.peak_in_use.load(Ordering::Relaxed) {
+            if let Some(peaks) = device.peaks(driver) {
+                counters.reserved_high_seen.fetch_max(peaks.reserved_high, Ordering::Relaxed);
+            }
+        }
+        if let Some(trace) = &self.trace {
+            trace.record(device.ordinal, op, size, ptr, in_use, device.reserved(driver));
+        }
+    }
+
+    /// Bytes the pools of `device` hold but do not use (for `SOMA_MEMINFO=pool`).
+    pub fn idle_pool_bytes(&self, driver: &Driver, device: i32) -> u64 {
+        self.known_device(device).map_or(0, |d| d.idle_bytes(driver))
+    }
+
+    /// The `SOMA_STATS` table (and the trace's last events), at exit.
+    fn report(&self) {
+        if let Some(trace) = &self.trace {
+            trace.flush();
+        }
+        let peaks = |ordinal: i32| -> Option<PoolPeaks> {
+            let live = self.known_device(ordinal).and_then(|d| crate::driver::loaded().and_then(|drv| d.peaks(drv)));
+            live.or_else(|| {
+                let seen = self.stats.device(ordinal).reserved_high_seen.load(Ordering::Relaxed);
+                (seen > 0).then_some(PoolPeaks { used_high: 0, reserved_high: seen })
+            })
+        };
+        match &self.config.stats {
+            StatsOutput::Off => {}
+            StatsOutput::Stderr => eprint!("{}", self.stats.report(peaks)),
+            StatsOutput::File(path) => {
+                if let Err(e) = std::fs::write(path, self.stats.report(peaks)) {
+                    eprintln!("somashim: cannot write statistics to {path}: {e}");
+                }
+            }
+        }
     }
 
     /// Waits until `device` is idle (`SOMA_FREE_SYNC=1`).
@@ -210,7 +299,7 @@ impl Allocator {
             let streams = registry.of(device.context);
             streams.retire_passed_tails(driver);
             let after = Predecessors { nonblocking: &streams.nonblocking, tails: &streams.tails };
-            device.free(driver, ptr, block.size, &after)
+            device.free(driver, ptr, block.size, &after, &self.map)
         });
         if let Err(e) = result.and_then(|r| r) {
             // Without the ordering the block cannot be reused safely: it stays allocated.
@@ -379,14 +468,20 @@ impl Allocator {
                 _ => None,
             }
         };
-        let forgotten = self.map.forget_device(ordinal);
-        lock(&self.deferred).retain(|(_, block)| block.device != ordinal);
+        let live = self.map.take_device(ordinal);
+        let deferred: Vec<u64> = {
+            let mut deferred = lock(&self.deferred);
+            let (of_device, others) = deferred.drain(..).partition(|(_, block)| block.device == ordinal);
+            *deferred = others;
+            of_device.into_iter().map(|(ptr, _)| ptr).collect::<Vec<_>>()
+        };
+        let unreturned: Vec<u64> = live.iter().map(|(ptr, _)| *ptr).chain(deferred).collect();
         if let Some(device) = removed {
             lock(&self.streams).forget_context(device.context);
-            let _ = driver.with_context(device.context, || device.destroy(driver));
+            let _ = driver.with_context(device.context, || device.destroy(driver, &unreturned));
         }
         lock(&self.peer_grants).retain(|&(_, accessor)| accessor != ordinal);
-        log::debug!("device {ordinal} reset: forgot {forgotten} pointer(s) and its pool");
+        log::debug!("device {ordinal} reset: released {} block(s) and the pool", unreturned.len());
     }
 
     /// `accessor` gained (or lost) peer access to `owner`'s memory.

@@ -14,6 +14,23 @@ pub enum PoolChoice {
     Default,
 }
 
+/// Where `SOMA_STATS` sends the table printed at exit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StatsOutput {
+    Off,
+    Stderr,
+    File(String),
+}
+
+/// What `cudaMemGetInfo` reports as free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemInfo {
+    /// The driver's figure: memory the pool caches counts as used.
+    Real,
+    /// Memory the pool holds but does not use counts as free.
+    Pool,
+}
+
 /// A byte count as written in a variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bytes {
@@ -45,6 +62,10 @@ pub struct Config {
     pub max_bytes: u64,
     pub free_sync: bool,
     pub pending_free_limit: u64,
+    pub stats: StatsOutput,
+    pub trace: Option<String>,
+    pub meminfo: MemInfo,
+    pub passthrough_callers: Vec<String>,
     pub log: String,
     /// Each variable with the text in force (given or default), for the log.
     pub effective: Vec<(&'static str, String)>,
@@ -56,6 +77,10 @@ enum Kind {
     Flag,
     Size { allow_total: bool },
     Pool,
+    Stats,
+    Path,
+    MemInfo,
+    List,
     LogFilter,
 }
 
@@ -70,6 +95,10 @@ impl Kind {
                 "a byte count such as 0, 4096, 512MiB, 4G, or max, or total (the device's memory)"
             }
             Kind::Pool => "own or default",
+            Kind::Stats => "0, 1 (to stderr) or a file path",
+            Kind::Path => "a file path, or empty for none",
+            Kind::MemInfo => "real or pool",
+            Kind::List => "comma-separated library names such as libnccl,libfoo (empty for none)",
             Kind::LogFilter => "an env_logger filter such as warn, info, somashim=debug",
         }
     }
@@ -80,6 +109,10 @@ enum Value {
     Flag(bool),
     Size(Bytes),
     Pool(PoolChoice),
+    Stats(StatsOutput),
+    Path(Option<String>),
+    MemInfo(MemInfo),
+    List(Vec<String>),
     Text(String),
 }
 
@@ -185,6 +218,34 @@ pub static VARIABLES: &[Variable] = &[
         store: store_bytes!(pending_free_limit),
     },
     Variable {
+        name: "SOMA_STATS",
+        kind: Kind::Stats,
+        default: "0",
+        doc: "1 or a file: at exit, a table per device of what the pool and the real allocator served.",
+        store: store!(stats, Stats),
+    },
+    Variable {
+        name: "SOMA_TRACE",
+        kind: Kind::Path,
+        default: "",
+        doc: "A file: a CSV timeline of allocation events (time, device, op, size, pointer, in use, reserved).",
+        store: store!(trace, Path),
+    },
+    Variable {
+        name: "SOMA_MEMINFO",
+        kind: Kind::MemInfo,
+        default: "real",
+        doc: "pool: cudaMemGetInfo counts memory the pool holds but does not use as free.",
+        store: store!(meminfo, MemInfo),
+    },
+    Variable {
+        name: "SOMA_PASSTHROUGH_CALLERS",
+        kind: Kind::List,
+        default: "",
+        doc: "Allocations called from these libraries go to the real allocator (e.g. for CUDA IPC).",
+        store: store!(passthrough_callers, List),
+    },
+    Variable {
         name: "SOMA_LOG",
         kind: Kind::LogFilter,
         default: "warn",
@@ -242,6 +303,10 @@ impl Config {
             max_bytes: 0,
             free_sync: false,
             pending_free_limit: 0,
+            stats: StatsOutput::Off,
+            trace: None,
+            meminfo: MemInfo::Real,
+            passthrough_callers: Vec::new(),
             log: String::new(),
             effective: Vec::new(),
         }
@@ -266,6 +331,21 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             "default" => Some(Value::Pool(PoolChoice::Default)),
             _ => None,
         },
+        Kind::Stats => Some(Value::Stats(match parse_flag(text) {
+            Some(false) => StatsOutput::Off,
+            Some(true) => StatsOutput::Stderr,
+            None if text.is_empty() => StatsOutput::Off,
+            None => StatsOutput::File(text.to_string()),
+        })),
+        Kind::Path => Some(Value::Path((!text.is_empty()).then(|| text.to_string()))),
+        Kind::MemInfo => match text.to_ascii_lowercase().as_str() {
+            "real" => Some(Value::MemInfo(MemInfo::Real)),
+            "pool" => Some(Value::MemInfo(MemInfo::Pool)),
+            _ => None,
+        },
+        Kind::List => Some(Value::List(
+            text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
+        )),
         Kind::LogFilter => Some(Value::Text(text.to_string())),
     }
 }
@@ -320,7 +400,18 @@ mod tests {
         assert_eq!((c.min_bytes, c.max_bytes), (1, u64::MAX));
         assert!(!c.free_sync);
         assert_eq!(c.pending_free_limit, 256 << 20);
+        assert_eq!(c.stats, StatsOutput::Off);
+        assert_eq!(c.trace, None);
+        assert_eq!(c.meminfo, MemInfo::Real);
+        assert!(c.passthrough_callers.is_empty());
         assert_eq!(c.log, "warn");
+    }
+
+    #[test]
+    fn stats_go_to_stderr_or_a_file() {
+        assert_eq!(config(&[("SOMA_STATS", "1")]).unwrap().stats, StatsOutput::Stderr);
+        assert_eq!(config(&[("SOMA_STATS", "/tmp/s.txt")]).unwrap().stats, StatsOutput::File("/tmp/s.txt".into()));
+        assert_eq!(config(&[("SOMA_STATS", "0")]).unwrap().stats, StatsOutput::Off);
     }
 
     #[test]
@@ -361,6 +452,10 @@ mod tests {
             ("SOMA_MAX_BYTES", "1G"),
             ("SOMA_FREE_SYNC", "true"),
             ("SOMA_PENDING_FREE_LIMIT", "1M"),
+            ("SOMA_STATS", "1"),
+            ("SOMA_TRACE", "/tmp/t.csv"),
+            ("SOMA_MEMINFO", "pool"),
+            ("SOMA_PASSTHROUGH_CALLERS", "libnccl, libfoo,"),
             ("SOMA_LOG", "somashim=debug"),
         ])
         .unwrap();
@@ -371,6 +466,10 @@ mod tests {
         assert_eq!((c.min_bytes, c.max_bytes), (1024, 1 << 30));
         assert!(c.free_sync);
         assert_eq!(c.pending_free_limit, 1 << 20);
+        assert_eq!(c.stats, StatsOutput::Stderr);
+        assert_eq!(c.trace.as_deref(), Some("/tmp/t.csv"));
+        assert_eq!(c.meminfo, MemInfo::Pool);
+        assert_eq!(c.passthrough_callers, vec!["libnccl".to_string(), "libfoo".to_string()]);
         assert_eq!(c.log, "somashim=debug");
         assert_eq!(c.effective.len(), VARIABLES.len());
     }
@@ -384,6 +483,7 @@ mod tests {
         assert!(message.contains("512MiB") && message.contains("total"), "{message}");
         assert_eq!(config(&[("SOMA_POOL", "mine")]).unwrap_err().accepted, "own or default");
         assert_eq!(config(&[("SOMA_FREE_SYNC", "2")]).unwrap_err().variable, "SOMA_FREE_SYNC");
+        assert_eq!(config(&[("SOMA_MEMINFO", "free")]).unwrap_err().variable, "SOMA_MEMINFO");
     }
 
     #[test]
@@ -403,8 +503,9 @@ mod tests {
                 .lines()
                 .find(|l| l.starts_with(&format!("| `{}`", v.name)))
                 .unwrap_or_else(|| panic!("README has no table row for {}", v.name));
+            let default = if v.default.is_empty() { "(unset)".to_string() } else { format!("`{}`", v.default) };
             assert!(
-                row.contains(&format!("`{}`", v.default)),
+                row.contains(&default),
                 "README row for {} does not give the default `{}`: {row}",
                 v.name,
                 v.default

@@ -21,8 +21,14 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
+use std::sync::atomic::Ordering::Relaxed;
+
+use cudarc::driver::sys::CUmemPool_attribute;
+
 use crate::config::{Config, PoolChoice};
 use crate::driver::{Context, CuError, CuResult, Driver, Event, Pool, Stream};
+use crate::ptrmap::PointerMap;
+use crate::stats::{DeviceCounters, PoolPeaks};
 
 pub struct Device {
     pub ordinal: i32,
@@ -103,19 +109,29 @@ impl Device {
 
     /// A block of `size` bytes, usable at once from every stream.
     /// The device's context must be current.
-    pub fn alloc(&self, driver: &Driver, size: u64) -> Result<u64, AllocFailure> {
+    /// Blocks whose free has passed go back to the pool first (and leave `map`).
+    pub fn alloc(
+        &self,
+        driver: &Driver,
+        size: u64,
+        counters: &DeviceCounters,
+        map: &PointerMap,
+    ) -> Result<u64, AllocFailure> {
         {
             let mut frees = self.lock_frees();
-            self.return_passed(driver, &mut frees);
+            self.return_passed(driver, &mut frees, map);
             while frees.bytes > self.pending_free_limit {
                 log::debug!("device {}: {} bytes of frees pending, over the limit: waiting", self.ordinal, frees.bytes);
-                if !self.return_oldest(driver, &mut frees) {
+                if !self.return_oldest(driver, &mut frees, map) {
                     break;
                 }
             }
         }
         let ptr = match driver.alloc_from_pool(size, self.pool, self.pool_stream) {
-            Err(e) if e.is_out_of_memory() => self.alloc_after_reclaiming(driver, size)?,
+            Err(e) if e.is_out_of_memory() => {
+                counters.oom_retries.fetch_add(1, Relaxed);
+                self.alloc_after_reclaiming(driver, size, map)?
+            }
             other => other.map_err(AllocFailure::Driver)?,
         };
         if self.internal_deps {
@@ -129,10 +145,10 @@ impl Device {
 
     /// Out of memory: wait for every pending free, then give cached memory
     /// back to the driver, retrying after each.
-    fn alloc_after_reclaiming(&self, driver: &Driver, size: u64) -> Result<u64, AllocFailure> {
+    fn alloc_after_reclaiming(&self, driver: &Driver, size: u64, map: &PointerMap) -> Result<u64, AllocFailure> {
         {
             let mut frees = self.lock_frees();
-            while self.return_oldest(driver, &mut frees) {}
+            while self.return_oldest(driver, &mut frees, map) {}
         }
         let attempt = || driver.alloc_from_pool(size, self.pool, self.pool_stream);
         let result = match attempt() {
@@ -150,10 +166,10 @@ impl Device {
     /// Queues the block at `ptr` to return to the pool once all work issued
     /// so far on every stream of this device has finished.
     /// The device's context must be current.
-    pub fn free(&self, driver: &Driver, ptr: u64, size: u64, after: &Predecessors) -> CuResult<()> {
+    pub fn free(&self, driver: &Driver, ptr: u64, size: u64, after: &Predecessors, map: &PointerMap) -> CuResult<()> {
         let mut frees = self.lock_frees();
         // Earlier frees are likelier done than this one: return them first.
-        self.return_passed(driver, &mut frees);
+        self.return_passed(driver, &mut frees, map);
         let mut events = frees.spare_lists.pop().unwrap_or_default();
         let recorded = self.record_predecessors(driver, &mut frees, &mut events, after);
         if let Err(e) = recorded {
@@ -192,19 +208,19 @@ impl Device {
     }
 
     /// Returns to the pool every pending free, from the oldest, whose work is done.
-    fn return_passed(&self, driver: &Driver, frees: &mut PendingFrees) {
+    fn return_passed(&self, driver: &Driver, frees: &mut PendingFrees, map: &PointerMap) {
         while let Some(oldest) = frees.queue.front() {
             if !oldest.events.iter().all(|&e| driver.has_passed(e)) {
                 break;
             }
             let oldest = frees.queue.pop_front().expect("front exists");
-            self.give_back(driver, frees, oldest);
+            self.give_back(driver, frees, oldest, map);
         }
     }
 
     /// Waits on the host for the oldest pending free's work, then returns it
     /// to the pool. False if nothing was pending.
-    fn return_oldest(&self, driver: &Driver, frees: &mut PendingFrees) -> bool {
+    fn return_oldest(&self, driver: &Driver, frees: &mut PendingFrees, map: &PointerMap) -> bool {
         let Some(oldest) = frees.queue.pop_front() else {
             return false;
         };
@@ -213,19 +229,43 @@ impl Device {
                 log::warn!("device {}: waiting for earlier work failed: {e:?}", self.ordinal);
             }
         }
-        self.give_back(driver, frees, oldest);
+        self.give_back(driver, frees, oldest, map);
         true
     }
 
     /// Frees a passed entry's block on the idle pool stream: the pool can
     /// hand it out again at once.
-    fn give_back(&self, driver: &Driver, frees: &mut PendingFrees, mut passed: PendingFree) {
+    fn give_back(&self, driver: &Driver, frees: &mut PendingFrees, mut passed: PendingFree, map: &PointerMap) {
         frees.bytes -= passed.size;
         if let Err(e) = driver.free_async(passed.ptr, self.pool_stream) {
             log::warn!("device {}: returning {} bytes to the pool failed: {e:?}", self.ordinal, passed.size);
         }
+        map.returned(passed.ptr);
         frees.spare_events.append(&mut passed.events);
         frees.spare_lists.push(passed.events);
+    }
+
+    /// Bytes the pool holds now, used or not.
+    pub fn reserved(&self, driver: &Driver) -> u64 {
+        driver.pool_bytes(self.pool, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0)
+    }
+
+    /// The pool's high-water marks, if it can still be asked.
+    pub fn peaks(&self, driver: &Driver) -> Option<PoolPeaks> {
+        use CUmemPool_attribute::*;
+        Some(PoolPeaks {
+            used_high: driver.pool_bytes(self.pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH).ok()?,
+            reserved_high: driver.pool_bytes(self.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH).ok()?,
+        })
+    }
+
+    /// Bytes the pool holds that the program does not: cached in the pool,
+    /// or freed by the program and waiting to go back to it.
+    pub fn idle_bytes(&self, driver: &Driver) -> u64 {
+        use CUmemPool_attribute::*;
+        let reserved = driver.pool_bytes(self.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
+        let used = driver.pool_bytes(self.pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(reserved);
+        reserved.saturating_sub(used) + self.lock_frees().bytes
     }
 
     /// Lets device `accessor` reach every block of this pool, or stops it.
@@ -233,10 +273,18 @@ impl Device {
         driver.set_peer_access(self.pool, accessor, allowed)
     }
 
-    /// Releases what the shim created. The device's context must be current.
-    /// Errors are ignored: this runs just before a reset destroys it all anyway.
-    pub fn destroy(&self, driver: &Driver) {
+    /// Before a reset: every block still allocated (`live`, never freed, and
+    /// the pending ones) goes back to the pool, so that the pool is really
+    /// released and old pointers are invalid, as after a real reset; then
+    /// everything the shim created is destroyed. The device's context must be
+    /// current. Errors are ignored: the reset destroys it all anyway.
+    pub fn destroy(&self, driver: &Driver, live: &[u64]) {
         let frees = self.lock_frees();
+        let pending = frees.queue.iter().map(|f| f.ptr);
+        for ptr in live.iter().copied().chain(pending) {
+            let _ = driver.free_async(ptr, self.pool_stream);
+        }
+        let _ = driver.synchronize_stream(self.pool_stream);
         let queued = frees.queue.iter().flat_map(|f| f.events.iter());
         for &event in queued.chain(frees.spare_events.iter()) {
             let _ = driver.destroy_event(event);

@@ -266,6 +266,14 @@ impl Driver {
         }
     }
 
+    /// A byte-count attribute of the pool (reserved or used, current or high).
+    pub fn pool_bytes(&self, pool: Pool, attribute: CUmemPool_attribute) -> CuResult<u64> {
+        let mut value: u64 = 0;
+        // SAFETY: the byte-count attributes are u64s; one out-pointer to a local.
+        check(unsafe { cu::cuMemPoolGetAttribute(pool.0, attribute as c_int, (&mut value as *mut u64).cast()) })?;
+        Ok(value)
+    }
+
     /// Lets `accessor` read and write every block of `pool`, past and future (or no longer).
     pub fn set_peer_access(&self, pool: Pool, accessor: i32, allowed: bool) -> CuResult<()> {
         let flags = if allowed {

@@ -7,8 +7,12 @@
 //! the driver, whose calls leave the runtime's last error alone.
 
 use std::ffi::{c_uint, c_void};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use crate::allocator::{self, Allocator, Freed};
+use crate::config::{MemInfo, StatsOutput};
+use crate::stats::Timing;
 use crate::driver::{self, Driver, Stream};
 use crate::passthrough::Passthrough;
 use crate::real::SUCCESS;
@@ -26,7 +30,9 @@ pub unsafe fn malloc(
     make_context_current: impl FnOnce() -> bool,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    match pool_alloc(allocator::get(), out.is_null(), size as u64, make_context_current) {
+    let allocator = allocator::get();
+    let _timer = CallTimer::start(allocator, &allocator.stats.alloc_time);
+    match pool_alloc(allocator, out.is_null(), size as u64, make_context_current) {
         Ok(ptr) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
             unsafe { *out = ptr };
@@ -34,7 +40,33 @@ pub unsafe fn malloc(
         }
         Err(reason) => {
             log::trace!("allocation of {size} bytes passed through: {reason:?}");
-            real()
+            allocator.stats.passed_through(reason, size as u64);
+            let rc = real();
+            if reason == Passthrough::PoolOutOfMemory && rc == SUCCESS {
+                let device = driver::loaded().and_then(|d| d.current_device().ok()).unwrap_or(0);
+                allocator.stats.device(device).oom_fallbacks.fetch_add(1, Relaxed);
+            }
+            rc
+        }
+    }
+}
+
+/// Adds the host time of one hooked call to `SOMA_STATS`, when it is on.
+struct CallTimer<'a> {
+    started: Option<(Instant, &'a Timing)>,
+}
+
+impl<'a> CallTimer<'a> {
+    fn start(allocator: &Allocator, timing: &'a Timing) -> CallTimer<'a> {
+        let on = allocator.config.stats != StatsOutput::Off;
+        CallTimer { started: on.then(|| (Instant::now(), timing)) }
+    }
+}
+
+impl Drop for CallTimer<'_> {
+    fn drop(&mut self) {
+        if let Some((start, timing)) = self.started {
+            timing.add(start.elapsed().as_nanos() as u64);
         }
     }
 }
@@ -80,6 +112,7 @@ pub fn free(
     real: impl FnOnce() -> u32,
 ) -> u32 {
     let allocator = allocator::get();
+    let _timer = CallTimer::start(allocator, &allocator.stats.free_time);
     let driver = match driver::loaded() {
         Some(driver) if ptr != 0 && !allocator.config.disable => driver,
         _ => return real(),
@@ -97,8 +130,11 @@ pub fn free(
             SUCCESS
         }
         Freed::Deferred => SUCCESS,
-        Freed::NotOurs if allocator.is_deferred(ptr) => invalid_value(),
-        Freed::NotOurs => real(),
+        Freed::AlreadyFreed => invalid_value(),
+        Freed::NotOurs => {
+            allocator.stats.passed_frees.fetch_add(1, Relaxed);
+            real()
+        }
     }
 }
 
@@ -106,11 +142,8 @@ pub fn free(
 /// the order of its stream. The real function does it; the map forgets it.
 pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
     let allocator = allocator::get();
-    if !allocator.config.disable {
-        if allocator.is_deferred(ptr) {
-            return invalid_value();
-        }
-        allocator.forget(ptr);
+    if !allocator.config.disable && allocator.forget(driver::loaded(), ptr) == Freed::AlreadyFreed {
+        return invalid_value();
     }
     real()
 }
@@ -182,6 +215,25 @@ pub fn peer_access(allowed: bool, devices: impl FnOnce() -> Option<(i32, i32)>, 
     if rc == SUCCESS && !allocator.config.disable {
         if let (Some(driver), Some((owner, accessor))) = (driver::loaded(), devices()) {
             allocator.peer_access_changed(driver, owner, accessor, allowed);
+        }
+    }
+    rc
+}
+
+/// `cudaMemGetInfo`/`cuMemGetInfo`: with `SOMA_MEMINFO=pool`, memory the
+/// current device's pool holds but the program does not counts as free, as
+/// it would be without the shim.
+/// SAFETY: `free` is null or writable, as the C contract requires.
+pub unsafe fn mem_get_info(free: *mut usize, real: impl FnOnce() -> u32) -> u32 {
+    let rc = real();
+    let allocator = allocator::get();
+    if rc != SUCCESS || free.is_null() || allocator.config.meminfo != MemInfo::Pool {
+        return rc;
+    }
+    if let Some(driver) = driver::loaded() {
+        if let Ok(device) = driver.current_device() {
+            // SAFETY: the real call succeeded and wrote `*free`.
+            unsafe { *free += allocator.idle_pool_bytes(driver, device) as usize };
         }
     }
     rc

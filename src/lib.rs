@@ -22,6 +22,8 @@ mod passthrough;
 mod ptrmap;
 mod real;
 mod runtime_door;
+mod stats;
+mod trace;
 
 pub use config::{Config, VARIABLES};
 
@@ -148,6 +150,12 @@ pub unsafe extern "C" fn cudaDeviceDisablePeerAccess(peer: c_int) -> u32 {
     guarded(|| hooks::peer_access(false, || Some((peer, runtime_door::current_device()?)), real), real)
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> u32 {
+    let real = || unsafe { cuda::cudaMemGetInfo(free, total) };
+    guarded(|| unsafe { hooks::mem_get_info(free, real) }, real)
+}
+
 // ---- the driver front door ---------------------------------------------------
 
 #[no_mangle]
@@ -259,6 +267,12 @@ pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer: Handle) -> u32 {
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> u32 {
     let real = || unsafe { cu::cuDevicePrimaryCtxReset_v2(device) };
     guarded(|| hooks::device_reset(Some(device), real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> u32 {
+    let real = || unsafe { cu::cuMemGetInfo_v2(free, total) };
+    guarded(|| unsafe { hooks::mem_get_info(free, real) }, real)
 }
 
 #[no_mangle]

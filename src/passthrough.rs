@@ -24,6 +24,8 @@ pub enum Passthrough {
     PoolOutOfMemory,
     /// The pool failed for another reason (logged).
     PoolError,
+    /// `SOMA_PASSTHROUGH_CALLERS` names the library that called.
+    Caller,
     /// A call made by the shim itself into the runtime: never pooled twice.
     Reentrant,
 }

@@ -1,23 +1,45 @@
 //! Which device pointers the shim handed out, and from which device. No FFI here.
 //!
-//! A pointer is in the map from the moment the pool gives it out until the
-//! program frees it (by `cudaFree` or `cudaFreeAsync`) or the device is reset.
-//! Anything not in the map belongs to the real allocator.
+//! A pointer enters the map when the pool gives it out. The program's free
+//! marks it *pending*: the block is still allocated in the pool until the
+//! work issued before the free has finished, so a second free of it must be
+//! refused here (the real free would release it). It leaves the map when it
+//! goes back to the pool, when the program frees it with `cudaFreeAsync`, or
+//! when its device is reset. Anything not in the map belongs to the real
+//! allocator.
 
 use std::hash::{BuildHasherDefault, Hasher};
 
+use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 
-/// One live allocation served by a pool.
+/// One allocation served by a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Block {
     pub device: i32,
     pub size: u64,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    block: Block,
+    pending: bool,
+}
+
+/// What a free of a pointer finds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// A live block of the pool's, now the caller's to free.
+    Live(Block),
+    /// Already freed, not yet back in the pool: a double free.
+    Pending,
+    /// Not the pool's.
+    Unknown,
+}
+
 #[derive(Default)]
 pub struct PointerMap {
-    blocks: DashMap<u64, Block, BuildHasherDefault<AddressHasher>>,
+    slots: DashMap<u64, Slot, BuildHasherDefault<AddressHasher>>,
 }
 
 /// Device addresses are distinct, aligned integers: one multiplication
@@ -45,33 +67,59 @@ impl PointerMap {
     /// Records a pointer the pool just gave out. A pointer already present
     /// means the map went stale; the new block wins and the old one is returned.
     pub fn insert(&self, ptr: u64, block: Block) -> Option<Block> {
-        self.blocks.insert(ptr, block)
+        self.slots.insert(ptr, Slot { block, pending: false }).map(|old| old.block)
     }
 
-    /// Takes a pointer out of the map: `Some` exactly when the shim owns it.
-    pub fn remove(&self, ptr: u64) -> Option<Block> {
-        self.blocks.remove(&ptr).map(|(_, block)| block)
+    /// `cudaFree`: a live block becomes pending until it is back in the pool.
+    pub fn claim_for_free(&self, ptr: u64) -> Claim {
+        match self.slots.get_mut(&ptr) {
+            None => Claim::Unknown,
+            Some(slot) if slot.pending => Claim::Pending,
+            Some(mut slot) => {
+                slot.pending = true;
+                Claim::Live(slot.block)
+            }
+        }
     }
 
-    pub fn contains(&self, ptr: u64) -> bool {
-        self.blocks.contains_key(&ptr)
+    /// The pending block at `ptr` is back in the pool.
+    pub fn returned(&self, ptr: u64) {
+        self.slots.remove_if(&ptr, |_, slot| slot.pending);
     }
 
-    /// Forgets every pointer of `device` (its memory is gone); returns how many.
-    pub fn forget_device(&self, device: i32) -> usize {
-        let before = self.blocks.len();
-        self.blocks.retain(|_, block| block.device != device);
-        before - self.blocks.len()
+    /// `cudaFreeAsync`: the program frees a live block itself; it leaves the map.
+    pub fn claim_for_free_async(&self, ptr: u64) -> Claim {
+        match self.slots.entry(ptr) {
+            Entry::Vacant(_) => Claim::Unknown,
+            Entry::Occupied(slot) if slot.get().pending => Claim::Pending,
+            Entry::Occupied(slot) => Claim::Live(slot.remove().block),
+        }
+    }
+
+    /// Whether `ptr` is a live block of the pool's.
+    pub fn is_live(&self, ptr: u64) -> bool {
+        self.slots.get(&ptr).is_some_and(|slot| !slot.pending)
+    }
+
+    /// Removes every pointer of `device` (it is being reset); returns the
+    /// live ones, which the program never freed.
+    pub fn take_device(&self, device: i32) -> Vec<(u64, Block)> {
+        let mut live = Vec::new();
+        self.slots.retain(|&ptr, slot| {
+            if slot.block.device != device {
+                return true;
+            }
+            if !slot.pending {
+                live.push((ptr, slot.block));
+            }
+            false
+        });
+        live
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.blocks.len()
-    }
-
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.slots.len()
     }
 }
 
@@ -81,52 +129,78 @@ mod tests {
     use std::sync::Arc;
     use std::thread;
 
+    const B: Block = Block { device: 0, size: 256 };
+
     #[test]
-    fn a_pointer_is_owned_from_insert_to_remove() {
+    fn a_freed_block_is_pending_until_returned() {
         let map = PointerMap::default();
-        assert_eq!(map.insert(0x1000, Block { device: 0, size: 256 }), None);
-        assert!(map.contains(0x1000));
-        assert_eq!(map.remove(0x1000), Some(Block { device: 0, size: 256 }));
-        assert_eq!(map.remove(0x1000), None, "a second free is not the shim's");
-        assert!(map.is_empty());
+        assert_eq!(map.insert(0x1000, B), None);
+        assert!(map.is_live(0x1000));
+        assert_eq!(map.claim_for_free(0x1000), Claim::Live(B));
+        assert!(!map.is_live(0x1000));
+        assert_eq!(map.claim_for_free(0x1000), Claim::Pending, "a double free while pending");
+        assert_eq!(map.claim_for_free_async(0x1000), Claim::Pending);
+        map.returned(0x1000);
+        assert_eq!(map.claim_for_free(0x1000), Claim::Unknown, "back in the pool: the real free decides");
+        assert_eq!(map.len(), 0);
+    }
+
+    #[test]
+    fn returning_a_live_block_is_ignored() {
+        let map = PointerMap::default();
+        map.insert(0x1000, B);
+        map.returned(0x1000);
+        assert!(map.is_live(0x1000), "only pending blocks leave on return");
+    }
+
+    #[test]
+    fn free_async_removes_a_live_block() {
+        let map = PointerMap::default();
+        map.insert(0x1000, B);
+        assert_eq!(map.claim_for_free_async(0x1000), Claim::Live(B));
+        assert_eq!(map.claim_for_free_async(0x1000), Claim::Unknown);
+        assert_eq!(map.len(), 0);
     }
 
     #[test]
     fn interior_pointers_are_unknown() {
         let map = PointerMap::default();
         map.insert(0x1000, Block { device: 0, size: 4096 });
-        assert!(!map.contains(0x1100));
-        assert_eq!(map.remove(0x1100), None);
+        assert!(!map.is_live(0x1100));
+        assert_eq!(map.claim_for_free(0x1100), Claim::Unknown);
         assert_eq!(map.len(), 1);
     }
 
     #[test]
-    fn reinserting_a_live_pointer_reports_the_stale_block() {
+    fn reinserting_a_pointer_reports_the_stale_block() {
         let map = PointerMap::default();
         map.insert(0x1000, Block { device: 0, size: 1 });
         assert_eq!(map.insert(0x1000, Block { device: 1, size: 2 }), Some(Block { device: 0, size: 1 }));
-        assert_eq!(map.remove(0x1000), Some(Block { device: 1, size: 2 }));
+        assert_eq!(map.claim_for_free(0x1000), Claim::Live(Block { device: 1, size: 2 }));
     }
 
     #[test]
-    fn reset_forgets_only_that_device() {
+    fn reset_takes_only_that_device_and_reports_live_blocks() {
         let map = PointerMap::default();
         for i in 0..10u64 {
             map.insert(0x1000 * (i + 1), Block { device: (i % 2) as i32, size: 8 });
         }
-        assert_eq!(map.forget_device(1), 5);
+        assert_eq!(map.claim_for_free(0x2000), Claim::Live(Block { device: 1, size: 8 }));
+        let live = map.take_device(1);
+        assert_eq!(live.len(), 4, "the pending one is not reported live");
+        assert!(live.iter().all(|(_, b)| b.device == 1));
         assert_eq!(map.len(), 5);
-        assert!(map.contains(0x1000));
-        assert!(!map.contains(0x2000));
+        assert!(map.is_live(0x1000));
+        assert_eq!(map.claim_for_free(0x2000), Claim::Unknown);
     }
 
     #[test]
     fn aligned_addresses_spread_over_the_hash_space() {
         use std::hash::BuildHasher;
         let hasher = BuildHasherDefault::<AddressHasher>::default();
-        let shards: std::collections::HashSet<u64> =
+        let buckets: std::collections::HashSet<u64> =
             (0..64u64).map(|i| hasher.hash_one(0x7f00_0000_0000 + (i << 21)) >> 58).collect();
-        assert!(shards.len() > 32, "2 MiB-aligned addresses land in {} of 64 top-bit buckets", shards.len());
+        assert!(buckets.len() > 32, "2 MiB-aligned addresses land in {} of 64 top-bit buckets", buckets.len());
     }
 
     #[test]
@@ -138,9 +212,11 @@ mod tests {
                 thread::spawn(move || {
                     for i in 0..10_000u64 {
                         let ptr = (t << 40) | (i << 8);
-                        assert_eq!(map.insert(ptr, Block { device: 0, size: i }), None);
+                        let block = Block { device: 0, size: i };
+                        assert_eq!(map.insert(ptr, block), None);
                         if i % 2 == 0 {
-                            assert_eq!(map.remove(ptr), Some(Block { device: 0, size: i }));
+                            assert_eq!(map.claim_for_free(ptr), Claim::Live(block));
+                            map.returned(ptr);
                         }
                     }
                 })

@@ -108,6 +108,7 @@ pub mod runtime {
         cudaFree(ptr: *mut c_void);
         cudaFreeAsync(ptr: *mut c_void, stream: *mut c_void);
         cudaGetDevice(device: *mut c_int);
+        cudaMemGetInfo(free: *mut usize, total: *mut usize);
         cudaDeviceReset();
         cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint);
         cudaDeviceDisablePeerAccess(peer: c_int);
@@ -173,6 +174,7 @@ pub mod driver {
         cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
         cuMemPoolDestroy(pool: *mut c_void);
         cuMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void);
+        cuMemPoolGetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void);
         cuMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize);
         cuMemPoolTrimTo(pool: *mut c_void, keep: usize);
         cuMemAllocFromPoolAsync(ptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void);
@@ -207,6 +209,7 @@ pub mod driver {
         cuCtxEnablePeerAccess(peer: *mut c_void, flags: c_uint);
         cuCtxDisablePeerAccess(peer: *mut c_void);
         cuDevicePrimaryCtxReset_v2(device: c_int);
+        cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
         cuGetProcAddress(symbol: *const c_char, function: *mut *mut c_void, version: c_int, flags: u64);
         cuGetProcAddress_v2(
             symbol: *const c_char,

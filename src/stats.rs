@@ -1,0 +1,255 @@
+//! What the allocator did, counted per device, and the table printed at exit
+//! with `SOMA_STATS`. No FFI here: the pool's own peak figures are handed in.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::passthrough::Passthrough;
+
+/// Devices counted separately; a larger ordinal is counted with the last one.
+pub const MAX_DEVICES: usize = 32;
+
+#[derive(Default)]
+pub struct DeviceCounters {
+    pub pool_allocs: AtomicU64,
+    pub pool_alloc_bytes: AtomicU64,
+    pub pool_frees: AtomicU64,
+    pub pool_free_bytes: AtomicU64,
+    pub in_use: AtomicU64,
+    pub peak_in_use: AtomicU64,
+    /// Times the pool was out of memory and the shim waited for frees and trimmed.
+    pub oom_retries: AtomicU64,
+    /// Times the real allocator served a request the pool could not.
+    pub oom_fallbacks: AtomicU64,
+    /// The pool's reserved high-water mark, read when in-use peaks, for when
+    /// the pool cannot be asked at exit (a device reset destroyed it).
+    pub reserved_high_seen: AtomicU64,
+}
+
+/// Host time spent in one kind of hooked call.
+#[derive(Default)]
+pub struct Timing {
+    pub calls: AtomicU64,
+    pub nanos: AtomicU64,
+}
+
+impl Timing {
+    pub fn add(&self, nanos: u64) {
+        self.calls.fetch_add(1, Relaxed);
+        self.nanos.fetch_add(nanos, Relaxed);
+    }
+
+    fn mean_us(&self) -> Option<f64> {
+        let calls = self.calls.load(Relaxed);
+        (calls > 0).then(|| self.nanos.load(Relaxed) as f64 / calls as f64 / 1000.0)
+    }
+}
+
+const REASONS: [Passthrough; 11] = [
+    Passthrough::Disabled,
+    Passthrough::ZeroSize,
+    Passthrough::NullOutPointer,
+    Passthrough::SizeOutOfRange,
+    Passthrough::StreamCapture,
+    Passthrough::NoContext,
+    Passthrough::NoPoolSupport,
+    Passthrough::ForeignContext,
+    Passthrough::PoolOutOfMemory,
+    Passthrough::PoolError,
+    Passthrough::Caller,
+];
+
+fn reason_index(reason: Passthrough) -> usize {
+    REASONS.iter().position(|r| *r == reason).unwrap_or(0)
+}
+
+pub struct Stats {
+    devices: [DeviceCounters; MAX_DEVICES],
+    passed_allocs: [AtomicU64; REASONS.len()],
+    passed_bytes: [AtomicU64; REASONS.len()],
+    /// Frees of pointers the pool did not give out.
+    pub passed_frees: AtomicU64,
+    pub alloc_time: Timing,
+    pub free_time: Timing,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            devices: std::array::from_fn(|_| DeviceCounters::default()),
+            passed_allocs: std::array::from_fn(|_| AtomicU64::new(0)),
+            passed_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+            passed_frees: AtomicU64::new(0),
+            alloc_time: Timing::default(),
+            free_time: Timing::default(),
+        }
+    }
+}
+
+/// The pool's own peak figures for one device, read at exit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolPeaks {
+    pub used_high: u64,
+    pub reserved_high: u64,
+}
+
+impl Stats {
+    pub fn device(&self, ordinal: i32) -> &DeviceCounters {
+        let index = usize::try_from(ordinal).unwrap_or(0).min(MAX_DEVICES - 1);
+        &self.devices[index]
+    }
+
+    pub fn pooled_alloc(&self, ordinal: i32, size: u64) -> u64 {
+        let d = self.device(ordinal);
+        d.pool_allocs.fetch_add(1, Relaxed);
+        d.pool_alloc_bytes.fetch_add(size, Relaxed);
+        let in_use = d.in_use.fetch_add(size, Relaxed) + size;
+        d.peak_in_use.fetch_max(in_use, Relaxed);
+        in_use
+    }
+
+    pub fn pooled_free(&self, ordinal: i32, size: u64) -> u64 {
+        let d = self.device(ordinal);
+        d.pool_frees.fetch_add(1, Relaxed);
+        d.pool_free_bytes.fetch_add(size, Relaxed);
+        d.in_use.fetch_sub(size, Relaxed) - size
+    }
+
+    pub fn passed_through(&self, reason: Passthrough, size: u64) {
+        let i = reason_index(reason);
+        self.passed_allocs[i].fetch_add(1, Relaxed);
+        self.passed_bytes[i].fetch_add(size, Relaxed);
+    }
+
+    /// The exit table: one section per device that allocated, then what
+    /// passed through and the host time per call. `peaks` gives the pool's
+    /// figures for a device, where they could be read.
+    pub fn report(&self, peaks: impl Fn(i32) -> Option<PoolPeaks>) -> String {
+        let mut out = String::from("somashim statistics\n");
+        for (ordinal, d) in self.devices.iter().enumerate() {
+            let allocs = d.pool_allocs.load(Relaxed);
+            if allocs == 0 && d.oom_fallbacks.load(Relaxed) == 0 {
+                continue;
+            }
+            let _ = writeln!(out, "device {ordinal}");
+            row(&mut out, "pool allocations", allocs, d.pool_alloc_bytes.load(Relaxed));
+            row(&mut out, "pool frees", d.pool_frees.load(Relaxed), d.pool_free_bytes.load(Relaxed));
+            figure(&mut out, "in use now", d.in_use.load(Relaxed));
+            figure(&mut out, "peak in use (shim)", d.peak_in_use.load(Relaxed));
+            match peaks(ordinal as i32) {
+                Some(p) => {
+                    figure(&mut out, "peak in use (pool)", p.used_high);
+                    figure(&mut out, "peak reserved (pool)", p.reserved_high);
+                }
+                None => {
+                    let _ = writeln!(out, "  {:<28}{:>12}", "peak reserved (pool)", "unavailable");
+                }
+            }
+            count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
+            count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));
+        }
+        out.push_str("passed through to the real allocator\n");
+        let mut any = false;
+        for (i, reason) in REASONS.iter().enumerate() {
+            let calls = self.passed_allocs[i].load(Relaxed);
+            if calls > 0 {
+                row(&mut out, &format!("{reason:?}"), calls, self.passed_bytes[i].load(Relaxed));
+                any = true;
+            }
+        }
+        let frees = self.passed_frees.load(Relaxed);
+        if frees > 0 {
+            count(&mut out, "frees of other pointers", frees);
+            any = true;
+        }
+        if !any {
+            out.push_str("  nothing\n");
+        }
+        out.push_str("host time per call\n");
+        for (name, timing) in [("cudaMalloc/cuMemAlloc", &self.alloc_time), ("cudaFree/cuMemFree", &self.free_time)] {
+            if let Some(us) = timing.mean_us() {
+                let _ = writeln!(out, "  {name:<28}{us:>9.2} us  ({} calls)", timing.calls.load(Relaxed));
+            }
+        }
+        out
+    }
+}
+
+fn row(out: &mut String, name: &str, calls: u64, bytes: u64) {
+    let _ = writeln!(out, "  {name:<28}{calls:>12}  {:>12}", human_bytes(bytes));
+}
+
+fn count(out: &mut String, name: &str, calls: u64) {
+    let _ = writeln!(out, "  {name:<28}{calls:>12}");
+}
+
+fn figure(out: &mut String, name: &str, bytes: u64) {
+    let _ = writeln!(out, "  {name:<28}{:>12}  {:>12}", "", human_bytes(bytes));
+}
+
+/// `1.5 GiB`, `256 B`: powers of 1024, as the configuration reads them.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_use_and_peak_follow_allocations_and_frees() {
+        let stats = Stats::default();
+        assert_eq!(stats.pooled_alloc(0, 100), 100);
+        assert_eq!(stats.pooled_alloc(0, 50), 150);
+        assert_eq!(stats.pooled_free(0, 100), 50);
+        assert_eq!(stats.pooled_alloc(1, 10), 10, "devices are counted apart");
+        let d = stats.device(0);
+        assert_eq!(d.peak_in_use.load(Relaxed), 150);
+        assert_eq!(d.in_use.load(Relaxed), 50);
+    }
+
+    #[test]
+    fn report_lists_devices_reasons_and_peaks() {
+        let stats = Stats::default();
+        stats.pooled_alloc(1, 3 << 20);
+        stats.pooled_free(1, 3 << 20);
+        stats.passed_through(Passthrough::ZeroSize, 0);
+        stats.passed_through(Passthrough::SizeOutOfRange, 5 << 30);
+        stats.passed_frees.fetch_add(2, Relaxed);
+        stats.alloc_time.add(1500);
+        let report = stats.report(|d| (d == 1).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 }));
+        assert!(report.contains("device 1\n"), "{report}");
+        assert!(!report.contains("device 0\n"), "idle devices are left out: {report}");
+        assert!(report.contains("pool allocations") && report.contains("3.0 MiB"), "{report}");
+        assert!(report.contains("peak reserved (pool)") && report.contains("32.0 MiB"), "{report}");
+        assert!(report.contains("ZeroSize") && report.contains("SizeOutOfRange") && report.contains("5.0 GiB"));
+        assert!(report.contains("frees of other pointers"), "{report}");
+        assert!(report.contains("1.50 us"), "{report}");
+    }
+
+    #[test]
+    fn unreadable_pool_figures_are_said_so() {
+        let stats = Stats::default();
+        stats.pooled_alloc(0, 1);
+        assert!(stats.report(|_| None).contains("unavailable"));
+    }
+
+    #[test]
+    fn bytes_read_as_powers_of_1024() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(1 << 30), "1.0 GiB");
+    }
+}
