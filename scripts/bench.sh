@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Allocation-churn benchmark (`make bench`): one program, c_tests/bench/churn.cu,
+# run three ways:
+#   real   cudaMalloc/cudaFree, natively (also with one small block kept
+#          allocated throughout: "real*")
+#   shim   the same binary under LD_PRELOAD=libsomashim.so
+#   async  hand-written cudaMallocAsync/cudaFreeAsync on one stream, pool
+#          release threshold UINT64_MAX, natively
+# and one table: per-iteration host time (alloc + 1-block kernel + free, median
+# after warm-up) for 256 B .. 1 GiB, the ratios, and the host stall of a small
+# alloc/free pair while a ~1 ms kernel runs on a non-blocking stream.
+#
+#   scripts/bench.sh path/to/libsomashim.so
+#
+# Needs nvcc and an NVIDIA GPU. GPU_ARCH (default sm_90) and NVCC override the
+# compiler settings; the log goes to $OUT/bench.log if OUT is set, else
+# build/gpu/bench.log. Takes well under a minute.
+set -uo pipefail
+# A relative shim path is taken from the caller's directory.
+[ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
+cd "$(dirname "$0")/.." || exit 2
+SHIM_ARG=${1:-}
+NVCC=${NVCC:-nvcc}
+ARCH=${GPU_ARCH:-sm_90}
+BUILD=build/gpu
+T=${BENCH_TIMEOUT:-300}
+
+if ! command -v "$NVCC" >/dev/null 2>&1; then
+  echo "bench: needs nvcc and an NVIDIA GPU: nvcc not found, nothing run"
+  exit 1
+fi
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "bench: needs nvcc and an NVIDIA GPU: nvidia-smi failed (no GPU or no driver), nothing run"
+  exit 1
+fi
+if [ -z "$SHIM_ARG" ] || [ ! -f "$SHIM_ARG" ]; then
+  echo "bench: shim library '${SHIM_ARG}' not found (build it, or pass SHIM=path/to/libsomashim.so)"
+  exit 1
+fi
+SHIM=$(readlink -f "$SHIM_ARG")
+mkdir -p "$BUILD"
+LOG=${OUT:-$BUILD}/bench.log
+mkdir -p "$(dirname "$LOG")"
+exec > >(tee "$LOG") 2>&1
+
+NVCC_DIR=$(dirname "$(readlink -f "$(command -v "$NVCC")")")
+RPATH=()
+for d in "$NVCC_DIR/../lib64" "$NVCC_DIR/../lib" "$NVCC_DIR/../targets/x86_64-linux/lib"; do
+  if ls "$d"/libcudart.so.* >/dev/null 2>&1; then
+    RPATH=(-Xlinker -rpath -Xlinker "$(readlink -f "$d")")
+    break
+  fi
+done
+if ! "$NVCC" -O2 -arch="$ARCH" -cudart shared "${RPATH[@]}" -o "$BUILD/churn" c_tests/bench/churn.cu -lcuda -lpthread \
+  >"$BUILD/churn.build.log" 2>&1; then
+  echo "bench: building c_tests/bench/churn.cu failed:"
+  cat "$BUILD/churn.build.log"
+  exit 1
+fi
+
+echo "somashim churn benchmark, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+echo "GPU: $(nvidia-smi -L | head -n 1); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
+echo "shim: $SHIM"
+# SOMA_* settings in the environment reach the shim run (and are printed here).
+env | grep '^SOMA_' | sed 's/^/setting: /'
+
+fail=0
+timeout "$T" "$BUILD/churn" real >"$BUILD/bench.real.out" 2>"$BUILD/bench.real.err" || fail=1
+timeout "$T" env CHURN_LIVE_BLOCK=1 "$BUILD/churn" real >"$BUILD/bench.reallive.out" 2>"$BUILD/bench.reallive.err" || fail=1
+timeout "$T" env LD_PRELOAD="$SHIM" "$BUILD/churn" real >"$BUILD/bench.shim.out" 2>"$BUILD/bench.shim.err" || fail=1
+timeout "$T" "$BUILD/churn" async >"$BUILD/bench.async.out" 2>"$BUILD/bench.async.err" || fail=1
+if [ "$fail" != 0 ]; then
+  echo "bench: a run failed:"
+  for m in real reallive shim async; do
+    echo "--- $m:"
+    cat "$BUILD/bench.$m.out" "$BUILD/bench.$m.err"
+  done
+  exit 1
+fi
+
+echo
+awk '
+  function human(b) {
+    if (b >= 1073741824) return sprintf("%d GiB", b / 1073741824)
+    if (b >= 1048576) return sprintf("%d MiB", b / 1048576)
+    if (b >= 1024) return sprintf("%d KiB", b / 1024)
+    return sprintf("%d B", b)
+  }
+  FNR == 1 { mode++ }   # 1 real, 2 real with a live block, 3 shim, 4 async
+  $1 == "size"  { if (mode == 1) order[++n] = $2; us[mode, $2] = $4; mem[mode, $2] = $8; memsync[mode, $2] = $9 }
+  $1 == "stall" { stall[mode] = $3 }
+  END {
+    printf "%-9s %9s %11s %9s %9s %10s %10s %12s\n", "size", "real us", "real* us", "shim us", "async us", "real/shim", "shim/async", "shim mem MiB"
+    for (i = 1; i <= n; i++) {
+      s = order[i]; r = us[1, s]; rl = us[2, s]; m = us[3, s]; a = us[4, s]
+      printf "%-9s %9.2f %11.2f %9.2f %9.2f %9.1fx %9.2fx %12s\n", human(s), r, rl, m, a, (m > 0 ? r / m : 0), (a > 0 ? m / a : 0), mem[3, s] "/" memsync[3, s]
+      if (mem[3, s] + 0 > peak) peak = mem[3, s] + 0
+      if (memsync[3, s] + 0 > peak) peak = memsync[3, s] + 0
+    }
+    r = stall[1]; rl = stall[2]; m = stall[3]; a = stall[4]
+    printf "%-9s %9.2f %11.2f %9.2f %9.2f %9.1fx %9.2fx\n", "stall", r, rl, m, a, (m > 0 ? r / m : 0), (a > 0 ? m / a : 0)
+    printf "\n"
+    printf "us: host time of one iteration (alloc + 1-block kernel + free), median after warm-up.\n"
+    printf "real*: the real allocator while the program keeps one 4 KiB block allocated (it then keeps its\n"
+    printf "  chunk for small sizes instead of releasing it at every cudaFree). real/shim uses the plain real.\n"
+    printf "stall: host time of a 256 B alloc/free pair while a ~1 ms kernel runs on a non-blocking stream.\n"
+    printf "shim mem MiB: device memory in use beyond the start of the shim run (cudaMemGetInfo total-free,\n"
+    printf "  a proxy for what the pool keeps reserved), sampled right after that size'\''s loop / after a sync.\n"
+    printf "shim peak reserved (proxy): %d MiB; peak in use by the program: one block at a time, so the size itself\n", peak
+    printf "  (1024 MiB at most).\n"
+  }' "$BUILD/bench.real.out" "$BUILD/bench.reallive.out" "$BUILD/bench.shim.out" "$BUILD/bench.async.out"

@@ -1,0 +1,428 @@
+#!/usr/bin/env bash
+# Differential GPU test suite for libsomashim.so (needs an NVIDIA GPU and nvcc;
+# no cargo).
+#
+#   scripts/gpu_test.sh path/to/libsomashim.so        (make gpu-test [SHIM=...])
+#
+# For each program in c_tests/gpu: build it (nvcc -cudart shared), run it
+# natively and with LD_PRELOAD=<shim> (a test's SOMA_* settings apply to both
+# runs), and compare their stdout without the informational '# ' lines. Both
+# runs must exit 0; the '# pooled N' line must say N == 0 natively and N > 0
+# under the shim (so a shim that passes everything through cannot pass). Then
+# the non-C checks (no-CUDA processes, bad configuration), the race test's
+# teeth (race --wrong-stream natively must detect corruption), and the suite
+# again under compute-sanitizer memcheck with the shim preloaded into the
+# target only. The last line is 'N passed, N failed, N skipped'; the exit
+# status is non-zero if any test failed.
+#
+# Environment:
+#   GPU_ARCH=sm_90          nvcc -arch value
+#   NVCC=nvcc               the compiler
+#   COMPUTE_SANITIZER=...   path of compute-sanitizer (default: PATH, then next to nvcc)
+#   GPU_TEST_TIMEOUT=600    seconds allowed to one run of one program
+#   GPU_TEST_SANITIZER=0    leave the compute-sanitizer phase out (counted as skipped)
+#   GPU_TEST_ONLY="a b"     run only these tests (names as printed)
+#   OUT=dir                 where gpu-test.log goes (default build/gpu)
+set -uo pipefail
+# A relative shim path is taken from the caller's directory.
+[ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+
+if [ $# -lt 1 ] || [ -z "$1" ]; then
+  echo "usage: $0 path/to/libsomashim.so" >&2
+  exit 2
+fi
+if [ ! -f "$1" ]; then
+  echo "gpu_test: $1: no such file (build the shim first, or pass SHIM=path/to/libsomashim.so)" >&2
+  exit 2
+fi
+SHIM=$(readlink -f "$1")
+NVCC=${NVCC:-nvcc}
+ARCH=${GPU_ARCH:-sm_90}
+BUILD=$ROOT/build/gpu
+RUNS=$BUILD/runs
+T=${GPU_TEST_TIMEOUT:-600}
+LOGDIR=${OUT:-$BUILD}
+mkdir -p "$BUILD" "$RUNS" "$LOGDIR"
+LOG=$LOGDIR/gpu-test.log
+: >"$LOG"
+
+say() { printf '%s\n' "$*" | tee -a "$LOG"; }
+logonly() { printf '%s\n' "$*" >>"$LOG"; }
+# Append a file to the log (at most 300 lines of it).
+logfile() {
+  local title=$1 f=$2
+  [ -s "$f" ] || return 0
+  logonly "----- $title ($f)"
+  if [ "$(wc -l <"$f")" -gt 300 ]; then
+    head -n 150 "$f" >>"$LOG"
+    logonly "[... $(($(wc -l <"$f") - 300)) lines left out ...]"
+    tail -n 150 "$f" >>"$LOG"
+  else
+    cat "$f" >>"$LOG"
+  fi
+}
+
+if ! command -v "$NVCC" >/dev/null 2>&1; then
+  say "gpu_test: nvcc not found (set NVCC=...): cannot build the GPU tests"
+  exit 2
+fi
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  say "gpu_test: nvidia-smi failed: no usable NVIDIA GPU here"
+  exit 2
+fi
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+
+# libcudart.so.13 next to the compiler, in case the loader does not know it.
+NVCC_DIR=$(dirname "$(readlink -f "$(command -v "$NVCC")")")
+RPATH=()
+for d in "$NVCC_DIR/../lib64" "$NVCC_DIR/../lib" "$NVCC_DIR/../targets/x86_64-linux/lib"; do
+  if [ -e "$d/libcudart.so.13" ] || ls "$d"/libcudart.so.* >/dev/null 2>&1; then
+    RPATH=(-Xlinker -rpath -Xlinker "$(readlink -f "$d")")
+    break
+  fi
+done
+
+say "# somashim GPU test suite, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+say "# shim: $SHIM ($(sha256sum "$SHIM" | cut -c1-16))"
+say "# nvcc: $("$NVCC" --version | tail -n 1); arch $ARCH"
+nvidia-smi -L 2>/dev/null | sed 's/^/# /' | tee -a "$LOG"
+nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 | sed 's/^/# driver /' | tee -a "$LOG"
+
+PASS=0 FAIL=0 SKIP=0
+FAILED_NAMES=()
+pass() { PASS=$((PASS + 1)); say "PASS $1${2:+ ($2)}"; }
+fail() {
+  FAIL=$((FAIL + 1))
+  FAILED_NAMES+=("$1")
+  say "FAIL $1: $2"
+}
+skip() { SKIP=$((SKIP + 1)); say "SKIP $1 ($2)"; }
+wanted() {
+  [ -z "${GPU_TEST_ONLY:-}" ] && return 0
+  local w
+  for w in $GPU_TEST_ONLY; do [ "$w" = "$1" ] && return 0; done
+  return 1
+}
+
+# ---- the tests ----------------------------------------------------------
+# name | program | args | env (both runs) | GPUs needed | under sanitizer: "-" no, "=" same args, else these args
+TESTS=$(
+  cat <<'EOF'
+streams|streams|||1|=
+race|race|||1|=
+free_sync|free_sync||SOMA_FREE_SYNC=1|1|=
+mixed|mixed|||1|=
+mixed@max_bytes|mixed||SOMA_MAX_BYTES=1048576|1|=
+errors|errors|||1|--no-oom
+threads|threads|||1|=
+capture|capture|||1|=
+reset|reset|||1|=
+streams_destroyed|streams_destroyed|||1|=
+multi_device|multi_device|||2|=
+peer|peer|||2|=
+streams@pool_default|streams||SOMA_POOL=default|1|-
+race@pool_default|race||SOMA_POOL=default|1|-
+mixed@pool_default|mixed||SOMA_POOL=default|1|-
+errors@pool_default|errors||SOMA_POOL=default|1|-
+streams@internal_deps|streams||SOMA_REUSE_INTERNAL_DEPS=1|1|-
+race@internal_deps|race||SOMA_REUSE_INTERNAL_DEPS=1|1|-
+streams_destroyed@internal_deps|streams_destroyed||SOMA_REUSE_INTERNAL_DEPS=1|1|-
+mixed@internal_deps|mixed||SOMA_REUSE_INTERNAL_DEPS=1|1|-
+errors@internal_deps|errors||SOMA_REUSE_INTERNAL_DEPS=1|1|-
+EOF
+)
+
+# ---- build (in parallel) --------------------------------------------------
+say "# building c_tests/gpu/*.cu into $BUILD"
+JOBS=$(nproc 2>/dev/null || echo 4)
+build_one() {
+  local src=$1 name
+  name=$(basename "$src" .cu)
+  if "$NVCC" -O2 -lineinfo -arch="$ARCH" -cudart shared "${RPATH[@]}" -o "$BUILD/$name" "$src" -lcuda -lpthread \
+    >"$BUILD/$name.build.log" 2>&1; then
+    echo 0 >"$BUILD/$name.build.rc"
+  else
+    echo 1 >"$BUILD/$name.build.rc"
+  fi
+}
+running=0
+for src in c_tests/gpu/*.cu; do
+  rm -f "$BUILD/$(basename "$src" .cu).build.rc"
+  build_one "$src" &
+  running=$((running + 1))
+  if [ "$running" -ge "$JOBS" ]; then
+    wait -n 2>/dev/null || wait
+    running=$((running - 1))
+  fi
+done
+wait
+built() { [ "$(cat "$BUILD/$1.build.rc" 2>/dev/null)" = 0 ]; }
+for src in c_tests/gpu/*.cu; do
+  name=$(basename "$src" .cu)
+  if ! built "$name"; then
+    say "# build of $name FAILED:"
+    sed 's/^/#   /' "$BUILD/$name.build.log" | head -n 40 | tee -a "$LOG"
+  fi
+done
+
+pooled_of() { sed -n 's/^# pooled \([0-9][0-9]*\) of .*/\1/p' "$1" | tail -n 1; }
+
+# run_env OUTBASE ENV PRELOAD(0/1) PROG ARGS...: one run; sets RC.
+run_one() {
+  local base=$1 envs=$2 preload=$3 prog=$4
+  shift 4
+  local -a e=()
+  [ -n "$envs" ] && read -r -a e <<<"$envs"
+  if [ "$preload" = 1 ]; then
+    env -u GPUTEST_QUICK "${e[@]}" timeout "$T" env LD_PRELOAD="$SHIM" "$BUILD/$prog" "$@" >"$base.out" 2>"$base.err"
+  else
+    env -u GPUTEST_QUICK "${e[@]}" timeout "$T" "$BUILD/$prog" "$@" >"$base.out" 2>"$base.err"
+  fi
+  RC=$?
+}
+
+# ---- differential runs --------------------------------------------------
+say "# differential runs: native vs LD_PRELOAD=$(basename "$SHIM")"
+while IFS='|' read -r name prog args envs gpus san; do
+  [ -z "$name" ] && continue
+  wanted "$name" || continue
+  if [ "$gpus" -gt "$NGPU" ]; then
+    skip "$name" "needs $gpus GPUs"
+    continue
+  fi
+  if ! built "$prog"; then
+    fail "$name" "the program $prog did not build (see above)"
+    continue
+  fi
+  safe=${name//@/_}
+  t0=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  run_one "$RUNS/$safe.native" "$envs" 0 "$prog" $args
+  nrc=$RC
+  # shellcheck disable=SC2086
+  run_one "$RUNS/$safe.shim" "$envs" 1 "$prog" $args
+  src=$RC
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f s", b-a}')
+  np=$(pooled_of "$RUNS/$safe.native.out")
+  sp=$(pooled_of "$RUNS/$safe.shim.out")
+  reasons=()
+  [ "$nrc" = 0 ] || reasons+=("native run exited $nrc")
+  [ "$src" = 0 ] || reasons+=("shim run exited $src")
+  grep -v '^# ' "$RUNS/$safe.native.out" >"$RUNS/$safe.native.cmp"
+  grep -v '^# ' "$RUNS/$safe.shim.out" >"$RUNS/$safe.shim.cmp"
+  if ! diff -q "$RUNS/$safe.native.cmp" "$RUNS/$safe.shim.cmp" >/dev/null; then
+    reasons+=("stdout differs")
+  fi
+  if [ -z "$np" ]; then
+    reasons+=("no '# pooled' line natively")
+  elif [ "$np" != 0 ]; then reasons+=("native run saw $np pooled cudaMalloc pointers (must be 0)"); fi
+  if [ -z "$sp" ]; then
+    reasons+=("no '# pooled' line under the shim")
+  elif [ "$sp" = 0 ]; then reasons+=("no cudaMalloc pointer came from a pool under the shim (is it preloaded?)"); fi
+  logonly "===== $name: env [$envs] args [$args] native rc=$nrc shim rc=$src pooled native=${np:-?} shim=${sp:-?} ($secs)"
+  logfile "$name native stdout" "$RUNS/$safe.native.out"
+  logfile "$name native stderr" "$RUNS/$safe.native.err"
+  logfile "$name shim stdout" "$RUNS/$safe.shim.out"
+  logfile "$name shim stderr" "$RUNS/$safe.shim.err"
+  if [ ${#reasons[@]} -eq 0 ]; then
+    pass "$name" "$secs, pooled $sp"
+  else
+    fail "$name" "$(
+      IFS=';'
+      echo "${reasons[*]}"
+    )"
+    diff -u --label native --label shim "$RUNS/$safe.native.cmp" "$RUNS/$safe.shim.cmp" | head -n 60 | tee -a "$LOG"
+    for w in native shim; do
+      if [ -s "$RUNS/$safe.$w.err" ]; then
+        say "  --- $w stderr (last 20 lines):"
+        tail -n 20 "$RUNS/$safe.$w.err" | sed 's/^/  /' | tee -a "$LOG"
+      fi
+    done
+  fi
+  if [ "$name" = free_sync ]; then
+    # Information: the same program under the shim without SOMA_FREE_SYNC.
+    run_one "$RUNS/free_sync_nosync.shim" "" 1 free_sync
+    say "# info: free_sync under the shim WITHOUT SOMA_FREE_SYNC (exit $RC; 0 = idle, 600 = still running):"
+    grep -v '^# ' "$RUNS/free_sync_nosync.shim.out" | sed 's/^/#   /' | tee -a "$LOG"
+  fi
+done <<<"$TESTS"
+
+# ---- the race test's teeth ------------------------------------------------
+if wanted race_teeth; then
+  if built race; then
+    run_one "$RUNS/race_teeth.native" "" 0 race --wrong-stream
+    n=$(sed -n 's/^# corruptions \([0-9][0-9]*\).*/\1/p' "$RUNS/race_teeth.native.out" | tail -n 1)
+    logonly "===== race_teeth: rc=$RC corruptions=${n:-?}"
+    logfile "race_teeth stdout" "$RUNS/race_teeth.native.out"
+    logfile "race_teeth stderr" "$RUNS/race_teeth.native.err"
+    if [ "$RC" = 0 ] && [ -n "$n" ] && [ "$n" -gt 0 ]; then
+      pass race_teeth "race --wrong-stream natively detected $n corrupted reads"
+    else
+      fail race_teeth "race --wrong-stream (a broken shim, emulated) was not detected: exit $RC, corruptions ${n:-?}"
+      tail -n 20 "$RUNS/race_teeth.native.out" "$RUNS/race_teeth.native.err" | sed 's/^/  /' | tee -a "$LOG"
+    fi
+  else
+    fail race_teeth "race did not build"
+  fi
+fi
+
+# ---- processes that never use CUDA ---------------------------------------
+if wanted nocuda_true; then
+  LD_PRELOAD="$SHIM" /bin/true >"$RUNS/true.out" 2>"$RUNS/true.err"
+  rc=$?
+  if [ "$rc" = 0 ] && [ ! -s "$RUNS/true.out" ] && [ ! -s "$RUNS/true.err" ]; then
+    pass nocuda_true
+  else
+    fail nocuda_true "LD_PRELOAD=shim /bin/true: exit $rc, stdout $(wc -c <"$RUNS/true.out") bytes, stderr: $(head -c 300 "$RUNS/true.err")"
+  fi
+fi
+if wanted nocuda_shell; then
+  out=$(LD_PRELOAD="$SHIM" sh -c 'echo hello' 2>"$RUNS/sh.err")
+  rc=$?
+  if [ "$rc" = 0 ] && [ "$out" = hello ] && [ ! -s "$RUNS/sh.err" ]; then
+    pass nocuda_shell
+  else
+    fail nocuda_shell "LD_PRELOAD=shim sh -c 'echo hello': exit $rc, stdout [$out], stderr: $(head -c 300 "$RUNS/sh.err")"
+  fi
+fi
+if wanted nocuda_python; then
+  PY=${PYTHON:-python3}
+  LD_PRELOAD="$SHIM" "$PY" -c 'print(open("/proc/self/maps").read())' >"$RUNS/py.out" 2>"$RUNS/py.err"
+  rc=$?
+  reasons=()
+  [ "$rc" = 0 ] || reasons+=("exit $rc")
+  [ -s "$RUNS/py.err" ] && reasons+=("stderr: $(head -c 300 "$RUNS/py.err")")
+  grep -q "$(basename "$SHIM")" "$RUNS/py.out" || reasons+=("the shim is not in /proc/self/maps (not preloaded?)")
+  if grep -E 'libcuda|libcudart|libnvidia' "$RUNS/py.out" >"$RUNS/py.cuda"; then
+    reasons+=("CUDA libraries mapped: $(awk '{print $NF}' "$RUNS/py.cuda" | sort -u | tr '\n' ' ')")
+  fi
+  if [ ${#reasons[@]} -eq 0 ]; then
+    pass nocuda_python "no CUDA library mapped, nothing on stderr"
+  else
+    fail nocuda_python "$(
+      IFS=';'
+      echo "${reasons[*]}"
+    )"
+  fi
+fi
+
+# ---- bad configuration ------------------------------------------------------
+if wanted bad_config; then
+  if built errors; then
+    SOMA_RELEASE_THRESHOLD=banana LD_PRELOAD="$SHIM" timeout "$T" "$BUILD/errors" --no-oom \
+      >"$RUNS/badcfg.out" 2>"$RUNS/badcfg.err"
+    rc=$?
+    logonly "===== bad_config: rc=$rc"
+    logfile "bad_config stdout" "$RUNS/badcfg.out"
+    logfile "bad_config stderr" "$RUNS/badcfg.err"
+    reasons=()
+    [ "$rc" = 2 ] || reasons+=("exit $rc, want 2")
+    grep -q SOMA_RELEASE_THRESHOLD "$RUNS/badcfg.err" || reasons+=("stderr does not name SOMA_RELEASE_THRESHOLD")
+    grep -q banana "$RUNS/badcfg.err" || reasons+=("stderr does not name the value 'banana'")
+    grep -qi 'panick' "$RUNS/badcfg.err" && reasons+=("a Rust panic message on stderr")
+    grep -q 'cudaMalloc' "$RUNS/badcfg.out" && reasons+=("cudaMalloc calls ran before the exit")
+    if [ ${#reasons[@]} -eq 0 ]; then
+      pass bad_config "exit 2: $(head -n 1 "$RUNS/badcfg.err" | cut -c1-120)"
+    else
+      fail bad_config "$(
+        IFS=';'
+        echo "${reasons[*]}"
+      )"
+      head -n 10 "$RUNS/badcfg.err" | sed 's/^/  /' | tee -a "$LOG"
+    fi
+  else
+    fail bad_config "errors did not build"
+  fi
+fi
+
+# ---- compute-sanitizer memcheck, shim preloaded into the target only ----------
+SAN=${COMPUTE_SANITIZER:-}
+if [ -z "$SAN" ]; then
+  SAN=$(command -v compute-sanitizer 2>/dev/null || true)
+  [ -z "$SAN" ] && [ -x "$NVCC_DIR/compute-sanitizer" ] && SAN=$NVCC_DIR/compute-sanitizer
+  [ -z "$SAN" ] && [ -x "$NVCC_DIR/../compute-sanitizer/compute-sanitizer" ] && SAN=$NVCC_DIR/../compute-sanitizer/compute-sanitizer
+fi
+# The tests provoke API errors on purpose (double frees, capture errors): only
+# memory errors count. GPU_TEST_SANITIZER_FLAGS overrides.
+read -r -a SANFLAGS <<<"${GPU_TEST_SANITIZER_FLAGS:---tool memcheck --error-exitcode 99 --report-api-errors no --target-processes all}"
+san_skip_all() {
+  while IFS='|' read -r name prog args envs gpus san; do
+    [ -z "$name" ] || [ "$san" = - ] && continue
+    wanted "sanitizer:$name" || wanted "$name" || continue
+    skip "sanitizer:$name" "$1"
+  done <<<"$TESTS"
+}
+if [ "${GPU_TEST_SANITIZER:-1}" = 0 ]; then
+  san_skip_all "GPU_TEST_SANITIZER=0"
+elif [ -z "$SAN" ]; then
+  say "# compute-sanitizer not found: sanitizer phase skipped"
+  san_skip_all "compute-sanitizer not found"
+elif ! built errors; then
+  san_skip_all "errors did not build, no sanity run possible"
+else
+  say "# sanitizer phase: $SAN ${SANFLAGS[*]} (GPUTEST_QUICK=1: fewer iterations; errors without its OOM part)"
+  # Sanity: the sanitizer must work on this machine at all (natively).
+  GPUTEST_QUICK=1 timeout "$T" "$SAN" "${SANFLAGS[@]}" "$BUILD/errors" --no-oom >"$RUNS/san_sanity.out" 2>&1
+  rc=$?
+  if [ "$rc" != 0 ] || ! grep -q 'ERROR SUMMARY: 0 errors' "$RUNS/san_sanity.out"; then
+    say "# compute-sanitizer does not work here (native sanity run of errors: exit $rc):"
+    tail -n 8 "$RUNS/san_sanity.out" | sed 's/^/#   /' | tee -a "$LOG"
+    san_skip_all "compute-sanitizer does not work on this machine"
+  else
+    while IFS='|' read -r name prog args envs gpus san; do
+      [ -z "$name" ] || [ "$san" = - ] && continue
+      wanted "sanitizer:$name" || wanted "$name" || continue
+      if [ "$gpus" -gt "$NGPU" ]; then
+        skip "sanitizer:$name" "needs $gpus GPUs"
+        continue
+      fi
+      if ! built "$prog"; then
+        fail "sanitizer:$name" "the program $prog did not build"
+        continue
+      fi
+      [ "$san" != = ] && args=$san
+      safe=${name//@/_}
+      e=()
+      [ -n "$envs" ] && read -r -a e <<<"$envs"
+      t0=$(date +%s.%N)
+      # The shim goes into LD_PRELOAD inside the sanitizer's tree, in front of
+      # whatever the sanitizer itself preloads, so it reaches the program only.
+      # shellcheck disable=SC2086,SC2016
+      env GPUTEST_QUICK=1 "${e[@]}" timeout "$T" "$SAN" "${SANFLAGS[@]}" \
+        sh -c 'LD_PRELOAD="$0${LD_PRELOAD:+:$LD_PRELOAD}" exec "$@"' "$SHIM" "$BUILD/$prog" $args \
+        >"$RUNS/$safe.san.out" 2>"$RUNS/$safe.san.err"
+      rc=$?
+      secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f s", b-a}')
+      sp=$(pooled_of "$RUNS/$safe.san.out")
+      # One summary per process the sanitizer followed: all must say 0 errors.
+      summaries=$(grep -h 'ERROR SUMMARY' "$RUNS/$safe.san.out" "$RUNS/$safe.san.err")
+      summary=$(grep -v 'ERROR SUMMARY: 0 errors' <<<"$summaries" | head -n 1)
+      [ -z "$summaries" ] && summary="no ERROR SUMMARY line"
+      [ -z "$summary" ] && summary=$(tail -n 1 <<<"$summaries")
+      logonly "===== sanitizer:$name rc=$rc pooled=${sp:-?} [$summary] ($secs)"
+      logfile "sanitizer:$name stdout" "$RUNS/$safe.san.out"
+      logfile "sanitizer:$name stderr" "$RUNS/$safe.san.err"
+      reasons=()
+      [ "$rc" = 0 ] || reasons+=("exit $rc")
+      case "$summary" in *"ERROR SUMMARY: 0 errors"*) ;; *) reasons+=("$summary") ;; esac
+      if [ -z "$sp" ] || [ "$sp" = 0 ]; then reasons+=("pooled=${sp:-?}: the shim did not reach the program"); fi
+      if [ ${#reasons[@]} -eq 0 ]; then
+        pass "sanitizer:$name" "$secs, 0 errors, pooled $sp"
+      else
+        fail "sanitizer:$name" "$(
+          IFS=';'
+          echo "${reasons[*]}"
+        )"
+        grep -h -A 12 -m 3 '^========= [A-Z]' "$RUNS/$safe.san.out" "$RUNS/$safe.san.err" | head -n 40 | sed 's/^/  /' | tee -a "$LOG"
+        tail -n 10 "$RUNS/$safe.san.err" | sed 's/^/  /' | tee -a "$LOG"
+      fi
+    done <<<"$TESTS"
+  fi
+fi
+
+if [ ${#FAILED_NAMES[@]} -gt 0 ]; then say "# failed: ${FAILED_NAMES[*]}"; fi
+say "# full log: $LOG"
+say "$PASS passed, $FAIL failed, $SKIP skipped"
+[ "$FAIL" = 0 ]
