@@ -133,6 +133,14 @@ mixed@internal_deps|mixed||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 errors@internal_deps|errors||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 EOF
 )
+# The same programs built with the static runtime (all of them) and as
+# driver-API programs (those whose checks are about allocation and ordering).
+DRIVER_API_TESTS=" streams race free_sync threads capture reset streams_destroyed multi_device peer "
+while IFS='|' read -r name prog args envs gpus _; do
+  case $name in *@*) continue ;; esac
+  TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"
+  case $DRIVER_API_TESTS in *" $name "*) TESTS+=$'\n'"$name#driver|$prog.driver|$args|$envs|$gpus|-" ;; esac
+done <<<"$TESTS"
 
 # ---- build (in parallel) --------------------------------------------------
 say "# building c_tests/gpu/*.cu into $BUILD"
@@ -140,12 +148,24 @@ JOBS=$(nproc 2>/dev/null || echo 4)
 build_one() {
   local src=$1 name
   name=$(basename "$src" .cu)
-  if "$NVCC" -O2 -lineinfo -arch="$ARCH" -cudart shared "${RPATH[@]}" -o "$BUILD/$name" "$src" -lcuda -lpthread \
-    >"$BUILD/$name.build.log" 2>&1; then
-    echo 0 >"$BUILD/$name.build.rc"
-  else
-    echo 1 >"$BUILD/$name.build.rc"
-  fi
+  local variant out
+  local -a flags
+  # Three builds of each program: the shared runtime, nvcc's default static
+  # runtime (reached through the driver: dlsym/cuGetProcAddress), and a
+  # driver-API program (cuMemAlloc/cuMemFree; see gpu_common.h).
+  for variant in shared static driver; do
+    case $variant in
+      shared) flags=(-cudart shared) out=$name ;;
+      static) flags=(-cudart static) out=$name.static ;;
+      driver) flags=(-cudart shared -DSOMA_DRIVER_API) out=$name.driver ;;
+    esac
+    if "$NVCC" -O2 -lineinfo -arch="$ARCH" "${flags[@]}" "${RPATH[@]}" -o "$BUILD/$out" "$src" -lcuda -lpthread \
+      >"$BUILD/$out.build.log" 2>&1; then
+      echo 0 >"$BUILD/$out.build.rc"
+    else
+      echo 1 >"$BUILD/$out.build.rc"
+    fi
+  done
 }
 running=0
 for src in c_tests/gpu/*.cu; do
@@ -160,11 +180,12 @@ done
 wait
 built() { [ "$(cat "$BUILD/$1.build.rc" 2>/dev/null)" = 0 ]; }
 for src in c_tests/gpu/*.cu; do
-  name=$(basename "$src" .cu)
-  if ! built "$name"; then
-    say "# build of $name FAILED:"
-    sed 's/^/#   /' "$BUILD/$name.build.log" | head -n 40 | tee -a "$LOG"
-  fi
+  for name in "$(basename "$src" .cu)"{,.static,.driver}; do
+    if ! built "$name"; then
+      say "# build of $name FAILED:"
+      sed 's/^/#   /' "$BUILD/$name.build.log" | head -n 40 | tee -a "$LOG"
+    fi
+  done
 done
 
 pooled_of() { sed -n 's/^# pooled \([0-9][0-9]*\) of .*/\1/p' "$1" | tail -n 1; }
@@ -196,7 +217,7 @@ while IFS='|' read -r name prog args envs gpus san; do
     fail "$name" "the program $prog did not build (see above)"
     continue
   fi
-  safe=${name//@/_}
+  safe=${name//[@#]/_}
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
   run_one "$RUNS/$safe.native" "$envs" 0 "$prog" $args
@@ -308,6 +329,47 @@ if wanted nocuda_python; then
   fi
 fi
 
+# ---- PyTorch under the preload ---------------------------------------------
+PY=${PYTHON:-python3}
+if wanted torch_train && "$PY" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  # Caching off: every tensor is a cudaMalloc/cudaFree, all through the shim.
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 SOMA_STATS="$RUNS/torch.stats" LD_PRELOAD="$SHIM" \
+    timeout "$T" "$PY" c_tests/gpu/torch_steps.py >"$RUNS/torch.out" 2>"$RUNS/torch.err"
+  rc=$?
+  pooled=$(awk '/pool allocations/ {s += $3} END {print s + 0}' "$RUNS/torch.stats" 2>/dev/null)
+  logfile "torch_train stdout" "$RUNS/torch.out"
+  logfile "torch_train stderr" "$RUNS/torch.err"
+  logfile "torch_train SOMA_STATS" "$RUNS/torch.stats"
+  if [ "$rc" = 0 ] && grep -q 'steps ok' "$RUNS/torch.out" && [ "${pooled:-0}" -gt 0 ]; then
+    pass torch_train "8 steps, losses decrease, $pooled pool allocations"
+  else
+    fail torch_train "exit $rc, pool allocations ${pooled:-?}: $(tail -n 3 "$RUNS/torch.err" | tr '\n' ' ')"
+  fi
+elif wanted torch_train; then
+  skip torch_train "no PyTorch with CUDA"
+fi
+if wanted torch_import && "$PY" -c 'import torch' 2>/dev/null; then
+  # 'import torch' with and without the preload, interleaved; the medians are
+  # reported, and the check fails only past noise (20% and 0.2 s).
+  : >"$RUNS/import.times"
+  for _ in 1 2 3 4 5; do
+    for mode in native shim; do
+      t0=$(date +%s.%N)
+      if [ "$mode" = shim ]; then LD_PRELOAD="$SHIM" "$PY" -c 'import torch' 2>>"$RUNS/import.err"; else "$PY" -c 'import torch'; fi
+      echo "$mode $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" >>"$RUNS/import.times"
+    done
+  done
+  med() { awk -v m="$1" '$1 == m {print $2}' "$RUNS/import.times" | sort -n | sed -n 3p; }
+  tn=$(med native) ts=$(med shim)
+  if awk -v n="$tn" -v s="$ts" 'BEGIN{exit !(s <= n * 1.2 + 0.2)}' && [ ! -s "$RUNS/import.err" ]; then
+    pass torch_import "median of 5: native ${tn}s, shim ${ts}s"
+  else
+    fail torch_import "median of 5: native ${tn}s, shim ${ts}s; stderr: $(head -c 300 "$RUNS/import.err")"
+  fi
+elif wanted torch_import; then
+  skip torch_import "no PyTorch"
+fi
+
 # ---- bad configuration ------------------------------------------------------
 if wanted bad_config; then
   if built errors; then
@@ -383,7 +445,7 @@ else
         continue
       fi
       [ "$san" != = ] && args=$san
-      safe=${name//@/_}
+      safe=${name//[@#]/_}
       e=()
       [ -n "$envs" ] && read -r -a e <<<"$envs"
       t0=$(date +%s.%N)

@@ -197,9 +197,10 @@ impl Allocator {
         Freed::Issued { device: block.device }
     }
 
-    /// Whether `ptr` is a live block of the pool's.
-    pub fn owns(&self, ptr: u64) -> bool {
-        self.map.is_live(ptr)
+    /// The context of the device whose pool holds the live block `ptr`.
+    pub fn context_of(&self, ptr: u64) -> Option<Context> {
+        let device = self.map.live_block(ptr)?.device;
+        self.known_device(device).map(|d| d.context)
     }
 
     /// The program frees `ptr` itself (`cudaFreeAsync`): the map forgets a

@@ -15,46 +15,50 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The real `dlsym`, resolved when the shim is loaded.
-#[no_mangle]
+/// The real `dlsym`, resolved when the shim is loaded (not exported: the
+/// assembly reaches it PC-relative).
 static SOMASHIM_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
+/// The exported `dlsym`. A naked function, so that it has no frame of its
+/// own: the jumps below leave the caller's return address in place.
+///
+/// SAFETY: called with dlsym's C arguments (rdi = handle, rsi = name).
 #[cfg(target_arch = "x86_64")]
-std::arch::global_asm!(
-    ".globl dlsym",
-    ".type dlsym,@function",
-    "dlsym:",
-    // RTLD_NEXT (-1), or a name not starting with "cu": straight to the real one.
-    "    cmp rdi, -1",
-    "    je 2f",
-    "    cmp byte ptr [rsi], 0x63",
-    "    jne 2f",
-    "    cmp byte ptr [rsi + 1], 0x75",
-    "    jne 2f",
-    // Ask Rust whether the shim serves it; keep the arguments for the real call.
-    "    push rdi",
-    "    push rsi",
-    "    sub rsp, 8",
-    "    call {served}",
-    "    add rsp, 8",
-    "    pop rsi",
-    "    pop rdi",
-    "    test rax, rax",
-    "    jz 2f",
-    "    ret",
-    "2:",
-    "    mov rax, qword ptr [rip + {real}]",
-    "    test rax, rax",
-    "    jz 3f",
-    "    jmp rax",
-    // Called before the constructor ran (another library's constructor).
-    "3:",
-    "    jmp {fallback}",
-    ".size dlsym, .-dlsym",
-    served = sym served_lookup,
-    real = sym SOMASHIM_REAL_DLSYM,
-    fallback = sym lookup_before_init,
-);
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    std::arch::naked_asm!(
+        // RTLD_NEXT (-1), or a name not starting with "cu": straight to the real one.
+        "cmp rdi, -1",
+        "je 2f",
+        "cmp byte ptr [rsi], 0x63",
+        "jne 2f",
+        "cmp byte ptr [rsi + 1], 0x75",
+        "jne 2f",
+        // Ask Rust whether the shim serves it; keep the arguments for the real call.
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {served}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 2f",
+        "ret",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz 3f",
+        "jmp rax",
+        // Called before the constructor ran (another library's constructor).
+        "3:",
+        "jmp {fallback}",
+        served = sym served_lookup,
+        real = sym SOMASHIM_REAL_DLSYM,
+        fallback = sym lookup_before_init,
+    )
+}
 
 /// Resolves the real `dlsym` at load time: glibc 2.34 moved it into libc
 /// proper under a new version; older ones only have the 2.2.5 one.

@@ -103,7 +103,7 @@ fn driver_with_context(make_context_current: impl FnOnce() -> bool) -> Result<&'
 /// `cudaFree`/`cuMemFree`. During a capture the real free either fails (and
 /// invalidates the capture) or succeeds whatever the pointer:
 /// `real_free_would_fail` asks the real runtime or driver which, without
-/// freeing anything. `invalid_value` returns (and, for the runtime, leaves
+/// freeing anything, with the block's context current. `invalid_value` returns (and, for the runtime, leaves
 /// behind) the error of a bad free.
 pub fn free(
     ptr: u64,
@@ -117,9 +117,12 @@ pub fn free(
         Some(driver) if ptr != 0 && !allocator.config.disable => driver,
         _ => return real(),
     };
-    if allocator.capture_in_progress() && allocator.owns(ptr) {
-        if let Some(error) = real_free_would_fail() {
-            return error;
+    if allocator.capture_in_progress() {
+        // Asked in the block's context, as the real free acts there.
+        if let Some(context) = allocator.context_of(ptr) {
+            if let Ok(Some(error)) = driver.with_context(context, real_free_would_fail) {
+                return error;
+            }
         }
     }
     match allocator.free(driver, ptr) {

@@ -96,9 +96,14 @@ impl PointerMap {
         }
     }
 
-    /// Whether `ptr` is a live block of the pool's.
-    pub fn is_live(&self, ptr: u64) -> bool {
-        self.slots.get(&ptr).is_some_and(|slot| !slot.pending)
+    /// The block at `ptr`, if it is a live one of the pool's.
+    pub fn live_block(&self, ptr: u64) -> Option<Block> {
+        self.slots.get(&ptr).filter(|slot| !slot.pending).map(|slot| slot.block)
+    }
+
+    #[cfg(test)]
+    fn is_live(&self, ptr: u64) -> bool {
+        self.live_block(ptr).is_some()
     }
 
     /// Removes every pointer of `device` (it is being reset); returns the

@@ -23,6 +23,33 @@
 #include <time.h>
 #include "../check.h"
 
+/* Driver-API builds (-DSOMA_DRIVER_API, the runner's "driver" variant): the
+ * tests' cudaMalloc/cudaFree/cudaFreeAsync go through the driver's
+ * cuMemAlloc/cuMemFree/cuMemFreeAsync, as a driver-API program's would.
+ * cudaFree(NULL) stays the runtime's (it is how the tests create the
+ * context), and an allocation first makes the runtime's context current. */
+#ifdef SOMA_DRIVER_API
+static inline cudaError_t drv_malloc(void **p, size_t n) {
+  CUcontext ctx = NULL;
+  if (cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) cudaFree(NULL);
+  if (!p) return (cudaError_t)cuMemAlloc(NULL, n);
+  CUdeviceptr d = 0;
+  CUresult r = cuMemAlloc(&d, n);
+  *p = (void *)(uintptr_t)d;
+  return (cudaError_t)r;
+}
+static inline cudaError_t drv_free(void *p) {
+  if (!p) return cudaFree(NULL);
+  return (cudaError_t)cuMemFree((CUdeviceptr)(uintptr_t)p);
+}
+static inline cudaError_t drv_free_async(void *p, cudaStream_t s) {
+  return (cudaError_t)cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, (CUstream)s);
+}
+#define cudaMalloc(p, n) drv_malloc((void **)(p), (n))
+#define cudaFree(p) drv_free((void *)(p))
+#define cudaFreeAsync(p, s) drv_free_async((void *)(p), (s))
+#endif
+
 #define KiB (1024ULL)
 #define MiB (1024ULL * 1024ULL)
 #define GiB (1024ULL * 1024ULL * 1024ULL)

@@ -1,0 +1,205 @@
+/* fakecuda: a CPU-only test double of the CUDA driver (libcuda.so.1) and
+ * runtime (libcudart.so.13), for testing somashim without a GPU.
+ *
+ * "Device memory" is host memory (aligned_alloc, 256-byte aligned). All work
+ * is done at once, but the double keeps the ordering a GPU would need: every
+ * stream has a vector clock, events carry them, waits merge them, host
+ * synchronizations are remembered. That lets it check what a real GPU cannot
+ * show on a CPU: that a stream-ordered free is ordered after all earlier work
+ * on every stream of the device that may touch the block (counter
+ * unordered_frees, work simulated with fakecuda_launch), that pool memory
+ * is only reused once the pool may reuse it, and what a capture would do.
+ *
+ * Environment (read once, at the first driver call):
+ *   FAKECUDA_DEVICES=n      number of devices (default 1, at most 8; 0: cuInit
+ *                           returns CUDA_ERROR_NO_DEVICE)
+ *   FAKECUDA_NO_POOLS=1     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0 and
+ *                           every pool call returns CUDA_ERROR_NOT_SUPPORTED
+ *   FAKECUDA_MEM_LIMIT=n    bytes of device memory per device (default 16 GiB):
+ *                           live plain allocations plus every pool's reserved
+ *                           memory may not exceed it (CUDA_ERROR_OUT_OF_MEMORY,
+ *                           cudaErrorMemoryAllocation). Also what
+ *                           cuDeviceTotalMem and cuMemGetInfo report.
+ *   FAKECUDA_LAZY_GPU=1     the GPU makes progress only when the host waits:
+ *                           cuEventQuery/cuStreamQuery return
+ *                           CUDA_ERROR_NOT_READY until the host synchronized
+ *                           (stream, context or event) with the work concerned
+ *                           (default: they return CUDA_SUCCESS, and the host
+ *                           then knows that work is done)
+ *   FAKECUDA_TRACE=path     append one line per allocation and free to path
+ *                           (written with write(2), survives _exit)
+ *   FAKECUDA_RT_PROCADDR=1  the fake runtime finds the driver the way the real
+ *                           one does: dlopen("libcuda.so.1"), dlsym(handle,
+ *                           "cuGetProcAddress_v2"), then cuGetProcAddress for
+ *                           every entry point (default: direct calls)
+ *
+ * Model, in short:
+ * - one primary context per device (static objects); a per-thread current
+ *   context; cuInit required first. cuDevicePrimaryCtxReset (the runtime's
+ *   cudaDeviceReset) destroys every stream, event, pool and allocation of the
+ *   device, as does releasing its last reference; the old handles then fail
+ *   (streams and events with CUDA_ERROR_INVALID_HANDLE, pools with
+ *   CUDA_ERROR_INVALID_VALUE; counter invalid_handles) and are never freed,
+ *   so a stale handle is caught, not a crash. While a reset context is
+ *   current and not retained again, calls that need it return
+ *   CUDA_ERROR_CONTEXT_IS_DESTROYED. An event must be recorded on a stream of
+ *   its own context.
+ * - the default pool of a device is made on first use (a new one after a
+ *   reset); cuMemPoolCreate makes more. New pools have the real defaults:
+ *   release threshold 0, all three reuse policies on. A pool's freed memory stays reserved in the pool. A freed
+ *   block may be reused by an allocation on the stream it was freed on at
+ *   once; on another stream only once the free has completed (the host
+ *   synchronized with it: stream/context/event synchronization, or a
+ *   successful cuEventQuery; the fake GPU only "makes progress" then), or the
+ *   allocating stream waited on an event recorded after the free (with
+ *   REUSE_FOLLOW_EVENT_DEPENDENCIES), or with REUSE_ALLOW_INTERNAL_DEPENDENCIES
+ *   (the allocating stream is then made to wait). Completed free memory above
+ *   the release threshold is released at host synchronizations;
+ *   cuMemPoolTrimTo releases completed free memory.
+ * - the legacy stream (NULL, CU_STREAM_LEGACY) waits for all blocking streams
+ *   and they wait for it; non-blocking streams do not. CU_STREAM_PER_THREAD is
+ *   a blocking stream per thread and context.
+ * - stream capture: modes, prohibited ("unsafe") calls, implicit legacy-stream
+ *   dependencies, forks through events and unjoined forks follow the CUDA
+ *   documentation and what was measured on an H200 (docs/probe-facts-h200.txt).
+ *
+ * - freed memory goes to a quarantine before malloc may reuse it, so a freed
+ *   address is not handed out again at once.
+ * - both libraries are linked with -Bsymbolic, as the real ones bind their
+ *   own functions: cuGetProcAddress hands out the driver's own entry points,
+ *   whatever a preload defines. The runtime reaches the driver through the
+ *   dynamic linker (or cuGetProcAddress, FAKECUDA_RT_PROCADDR=1), so a
+ *   preload's driver exports see the runtime's own driver calls.
+ *
+ * Observation: the functions below are exported by the fake libcuda.so.1.
+ * Tests link to it directly (-lcuda) next to -lcudart. */
+#ifndef FAKECUDA_H
+#define FAKECUDA_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Process-wide counters, updated atomically. Read them with
+ * fakecuda_snapshot() (consistent copy) and compare before/after. */
+struct fakecuda_counters {
+  /* Allocations by kind. plain: cuMemAlloc (the runtime's cudaMalloc).
+   * pool: cuMemAllocFromPoolAsync (the runtime's cudaMallocAsync). A *_frees
+   * counter counts frees of that kind of allocation, whatever the call
+   * (cuMemFree, cuMemFreeAsync, cudaFree, cudaFreeAsync). */
+  uint64_t plain_allocs, plain_frees;
+  uint64_t pool_allocs, pool_frees;
+  uint64_t alloc_failures;     /* allocations refused: out of memory */
+  uint64_t mem_free_calls;     /* cuMemFree_v2 calls that freed something */
+  uint64_t free_async_calls;   /* cuMemFreeAsync calls that freed something */
+  uint64_t drv_invalid_frees;  /* cuMemFree/cuMemFreeAsync given a pointer that
+                                  is not the start of a live allocation */
+  uint64_t rt_invalid_frees;   /* cudaFree/cudaFreeAsync rejected a pointer */
+  uint64_t event_records_legacy; /* cuEventRecord on the legacy stream */
+  uint64_t event_records_other;  /* cuEventRecord on any other stream */
+  uint64_t stream_waits;       /* cuStreamWaitEvent */
+  uint64_t pool_trims;         /* cuMemPoolTrimTo */
+  uint64_t ctx_syncs;          /* cuCtxSynchronize (cudaDeviceSynchronize, and
+                                  the implicit one of the runtime's cudaFree) */
+  uint64_t stream_syncs;       /* cuStreamSynchronize */
+  uint64_t event_syncs;        /* cuEventSynchronize */
+  uint64_t pools_created;      /* cuMemPoolCreate */
+  uint64_t pools_destroyed;    /* cuMemPoolDestroy */
+  uint64_t set_access;         /* cuMemPoolSetAccess */
+  uint64_t unordered_frees;    /* cuMemFreeAsync of a pool block whose stream
+                                  was not ordered after earlier work that may
+                                  have touched it, on any stream (destroyed
+                                  ones included) of the block's device, and
+                                  that the host had not synchronized with */
+  uint64_t invalid_handles;    /* a call got a destroyed/unknown stream, event,
+                                  pool or context (stale after a reset, say) */
+  uint64_t streams_created, streams_destroyed;
+  uint64_t events_created, events_destroyed;
+  uint64_t captured_mem_ops;   /* pool alloc/free enqueued into a capture */
+  uint64_t capture_invalidations; /* captures invalidated by a call */
+  uint64_t device_resets;      /* cuDevicePrimaryCtxReset */
+  uint64_t peer_enables;       /* cuCtxEnablePeerAccess that succeeded */
+  uint64_t procaddr_lookups;   /* cuGetProcAddress calls */
+};
+
+/* Live counters (fields change under you; prefer fakecuda_snapshot). */
+struct fakecuda_counters *fakecuda_counters(void);
+void fakecuda_snapshot(struct fakecuda_counters *out);
+
+enum { FAKECUDA_NONE = 0, FAKECUDA_PLAIN = 1, FAKECUDA_POOL = 2 };
+
+struct fakecuda_ptr_info {
+  int kind;          /* FAKECUDA_NONE (not inside a live allocation), _PLAIN, _POOL */
+  int device;
+  uintptr_t base;    /* start of the allocation containing the pointer */
+  size_t size;       /* its size as requested */
+  void *pool;        /* CUmemoryPool it came from (pool kind), else NULL */
+  void *stream;      /* CUstream it was allocated on (pool kind; the legacy
+                        stream reads as CU_STREAM_LEGACY), else NULL */
+  int in_graph_free; /* a captured cuMemFreeAsync "freed" it inside a graph */
+};
+/* 1 if p points inside a live allocation (info filled), else 0 (kind NONE). */
+int fakecuda_ptr_info(const void *p, struct fakecuda_ptr_info *out);
+
+struct fakecuda_stream_stats {
+  int alive, device;
+  unsigned flags;      /* CU_STREAM_DEFAULT (blocking) or CU_STREAM_NON_BLOCKING */
+  int is_legacy, is_per_thread;
+  uint64_t records;    /* cuEventRecord on it */
+  uint64_t waits;      /* cuStreamWaitEvent on it */
+  uint64_t work;       /* fakecuda_launch, cudaMemset, cudaMemcpy on it */
+  uint64_t pool_allocs, pool_frees; /* cuMemAllocFromPoolAsync/cuMemFreeAsync on it */
+  int capturing;       /* part of an active capture */
+};
+/* stream: a CUstream/cudaStream_t; NULL or CU_STREAM_LEGACY: the current
+ * context's legacy stream; CU_STREAM_PER_THREAD: this thread's. Returns 0 if
+ * it is not a stream the double knows (nor a destroyed one). */
+int fakecuda_stream_stats(const void *stream, struct fakecuda_stream_stats *out);
+
+struct fakecuda_pool_stats {
+  int alive, device, is_default;
+  uint64_t release_threshold;
+  int reuse_follow_event_deps, reuse_allow_opportunistic, reuse_allow_internal_deps;
+  uint64_t reserved, used;        /* bytes */
+  uint64_t live_allocs;
+  uint64_t trims, set_access_calls;
+  /* access[d]: CUmemAccess_flags that device d has, as set with
+   * cuMemPoolSetAccess (the owning device always reads 3 = READWRITE) */
+  unsigned access[8];
+  int last_access_device;         /* location.id of the last descriptor set */
+  unsigned last_access_flags;     /* and its flags; -1/0 before any */
+};
+/* pool: a CUmemoryPool/cudaMemPool_t. Returns 0 if unknown. */
+int fakecuda_pool_stats(const void *pool, struct fakecuda_pool_stats *out);
+
+/* Simulates a kernel on stream (NULL: legacy) of the current context that
+ * reads and writes the block containing p (p NULL: memory not known, so any
+ * block). Counts as work on the stream: a later stream-ordered free of that
+ * block (any block for p NULL) must be ordered after it (unordered_frees).
+ * Work that touched other blocks is not required before a free, so that a
+ * free is not blamed for work another thread issued while it ran. Returns a
+ * CUresult: CUDA_ERROR_ILLEGAL_ADDRESS (700, not sticky) when p is not in a
+ * live allocation or its device is not reachable from the stream's device:
+ * for plain memory, peer access must be enabled (cuCtxEnablePeerAccess); for
+ * pool memory, the pool must grant the device access (cuMemPoolSetAccess). */
+int fakecuda_launch(const void *stream, const void *p);
+
+/* 1 if the host has synchronized with all work issued so far on every stream
+ * of device dev (what a device-wide synchronization gives), else 0. */
+int fakecuda_device_idle(int dev);
+
+/* Text of the last problem the double noticed (an unordered free, a stale
+ * handle, an invalid free...), "" if none. Cleared by reading. */
+const char *fakecuda_last_problem(void);
+
+/* Internal, for the fake runtime only. */
+int fakecuda__unsafe_call(int *in_capture);
+int fakecuda__work(const void *stream, const void *p);
+int fakecuda__current_device(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,314 @@
+#!/usr/bin/env bash
+# The CPU-only test suite (no GPU): `make test` runs it as
+#   scripts/cpu_test.sh target/release/libsomashim.so build/cuda/nvidia/cu13/include
+#
+# It builds, with gcc, against the real CUDA headers given:
+#   build/cpu/fake/libcuda.so.1, libcudart.so.13   the CUDA test double (c_tests/fake)
+#   build/cpu/bin/*                                 the test programs (c_tests/cpu)
+# then runs `cargo test`, and each test program natively and/or under
+# LD_PRELOAD=<shim>, with LD_LIBRARY_PATH=build/cpu/fake. A test program
+# checks itself (CHECK, exit status); where it runs both ways, the lines it
+# prints that do not start with "# " (return codes, SHOW_RC) must also be the
+# same in both runs. One line per case (PASS/FAIL name, then the details of a
+# failure), and last `N passed, N failed`, the totals (cargo's tests
+# included); the exit status is non-zero if anything failed.
+#
+# Knobs: CPUTEST_SKIP_CARGO=1 skips `cargo test`; CPUTEST_ONLY=regex runs the
+# cases whose name matches; CPUTEST_TIMEOUT=seconds per run (default 120);
+# CC (default gcc). Every run's output stays in build/cpu/runs until the next.
+set -u -o pipefail
+
+if [ $# -ne 2 ]; then
+  echo "usage: $0 path/to/libsomashim.so path/to/cuda/include" >&2
+  exit 2
+fi
+SHIM=$(realpath -m "$1") # relative to where the script was started
+INC=$(realpath -m "$2")
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+CC=${CC:-gcc}
+TMO=${CPUTEST_TIMEOUT:-120}
+ONLY=${CPUTEST_ONLY:-}
+B=$ROOT/build/cpu
+FAKE=$B/fake
+BIN=$B/bin
+RUNS=$B/runs
+mkdir -p "$FAKE" "$BIN" "$RUNS"
+rm -f "$RUNS"/* "$BIN"/* "$FAKE"/* # nothing stale may pass for a fresh build
+
+PASSED=0
+FAILED=0
+pass() {
+  echo "PASS $1"
+  PASSED=$((PASSED + 1))
+}
+# fail NAME [DETAIL_FILE...]: the details, indented, at most 25 lines each
+fail() {
+  echo "FAIL $1"
+  shift
+  for f in "$@"; do
+    [ -s "$f" ] && head -n 25 "$f" | sed 's/^/    /'
+  done
+  FAILED=$((FAILED + 1))
+}
+wanted() { [ -z "$ONLY" ] || [[ $1 =~ $ONLY ]]; }
+
+# ------------------------------------------------------------------- build
+CFLAGS=(-std=gnu11 -O1 -g -Wall -Wextra -I"$INC" -idirafter "$ROOT/c_tests/fake/compat" -I"$ROOT/c_tests/fake")
+build_log=$B/build.log
+: >"$build_log"
+built=1
+build() { # output, then the compiler's arguments
+  local out=$1
+  shift
+  if ! "$CC" "${CFLAGS[@]}" -o "$out" "$@" >>"$build_log" 2>&1; then
+    built=0
+    echo "build of $out failed" >>"$build_log"
+  fi
+}
+if [ ! -f "$INC/cuda.h" ] || [ ! -f "$INC/cuda_runtime_api.h" ]; then
+  echo "no CUDA headers in $INC (make headers)" >"$build_log"
+  fail "build: CUDA headers" "$build_log"
+  echo "$PASSED passed, $FAILED failed"
+  exit 1
+fi
+# -Bsymbolic: like the real libraries, each binds its own functions
+# internally (the driver's cuGetProcAddress hands out its own entry points,
+# whatever a preload defines).
+build "$FAKE/libcuda.so.1" -fPIC -shared -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic c_tests/fake/fake_driver.c -lpthread
+ln -sf libcuda.so.1 "$FAKE/libcuda.so"
+build "$FAKE/libcudart.so.13" -fPIC -shared -Wl,-soname,libcudart.so.13 -Wl,-Bsymbolic c_tests/fake/fake_runtime.c \
+  -L"$FAKE" -lcuda -ldl -lpthread
+ln -sf libcudart.so.13 "$FAKE/libcudart.so"
+CUDA_TESTS=(routing ptrmap ordering stream_destroy_pending config threads oom pending_limit nopools reset peer capture)
+for t in "${CUDA_TESTS[@]}"; do
+  build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
+done
+build "$BIN/nocuda" c_tests/cpu/nocuda.c -ldl
+build "$BIN/static_runtime" c_tests/cpu/static_runtime.c -ldl
+build "$BIN/libnext_a.so" -fPIC -shared c_tests/cpu/dlsym_next_a.c -ldl
+build "$BIN/libnext_b.so" -fPIC -shared c_tests/cpu/dlsym_next_b.c
+build "$BIN/dlsym_next" c_tests/cpu/dlsym_next.c -L"$BIN" -Wl,--no-as-needed -lnext_a -lnext_b \
+  -Wl,-rpath,"$BIN" -ldl
+if [ "$built" = 1 ]; then pass "build (test double and test programs)"; else fail "build" "$build_log"; fi
+
+# -------------------------------------------------------------- cargo test
+if [ "${CPUTEST_SKIP_CARGO:-0}" != 1 ] && wanted "cargo test"; then
+  cargo_log=$B/cargo_test.log
+  cargo test >"$cargo_log" 2>&1
+  crc=$?
+  read -r cp cf < <(grep -oE 'test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$cargo_log" |
+    awk '{p += $4; f += $6} END {print p + 0, f + 0}')
+  PASSED=$((PASSED + cp))
+  FAILED=$((FAILED + cf))
+  if [ "$crc" -eq 0 ] && [ "$cf" -eq 0 ]; then
+    echo "PASS cargo test ($cp passed)"
+  else
+    if [ "$cf" -eq 0 ]; then FAILED=$((FAILED + 1)); fi # it did not build or run
+    echo "FAIL cargo test ($cp passed, $cf failed, exit status $crc)"
+    { grep -E '^test .* FAILED$|^---- |panicked|^error' "$cargo_log" || tail -n 20 "$cargo_log"; } |
+      head -n 25 | sed 's/^/    /'
+  fi
+fi
+
+if [ ! -f "$SHIM" ]; then
+  echo "no shim at $SHIM" >"$RUNS/noshim"
+  fail "shim library present" "$RUNS/noshim"
+  echo "$PASSED passed, $FAILED failed"
+  exit 1
+fi
+SHIM_NAME=$(basename "$SHIM")
+
+# ------------------------------------------------------------------- runs
+# run MODE KEY PROGRAM [VAR=VALUE...]: output in $RUNS/KEY.{out,err,rc}.
+# The preload applies to the test program only.
+run() {
+  local mode=$1 key=$2 prog=$3
+  shift 3
+  local pre=()
+  [ "$mode" = shim ] && pre=("LD_PRELOAD=$SHIM")
+  timeout -k 5 "$TMO" env CPUTEST_MODE="$mode" CPUTEST_SHIM_NAME="$SHIM_NAME" LD_LIBRARY_PATH="$FAKE" \
+    "${pre[@]}" "$@" "$prog" >"$RUNS/$key.out" 2>"$RUNS/$key.err"
+  echo $? >"$RUNS/$key.rc"
+}
+rc_of() { cat "$RUNS/$1.rc"; }
+# explain KEY MODE: why a run failed, for the details of a FAIL
+explain() {
+  local key=$1 mode=$2 rc
+  rc=$(rc_of "$key")
+  {
+    case $rc in
+      124 | 137) echo "[$mode] timed out after ${TMO}s" ;;
+      0) ;;
+      *) echo "[$mode] exit status $rc" ;;
+    esac
+    grep -v '^# OK$' "$RUNS/$key.err"
+    grep '^# fakecuda' "$RUNS/$key.out"
+  } >"$RUNS/$key.why"
+  echo "$RUNS/$key.why"
+}
+n=0
+next_key() {
+  n=$((n + 1))
+  KEY=r$n
+}
+
+# compare NAME TEST [VAR=VALUE...]: native and shim runs pass and agree.
+compare() {
+  local name=$1 test=$2
+  shift 2
+  wanted "$name" || return 0
+  next_key
+  local kn=${KEY}n ks=${KEY}s
+  run native "$kn" "$BIN/$test" "$@"
+  run shim "$ks" "$BIN/$test" "$@"
+  local why=()
+  [ "$(rc_of "$kn")" = 0 ] || why+=("$(explain "$kn" native)")
+  [ "$(rc_of "$ks")" = 0 ] || why+=("$(explain "$ks" shim)")
+  if [ ${#why[@]} -eq 0 ]; then
+    if diff <(grep -v '^# ' "$RUNS/$kn.out") <(grep -v '^# ' "$RUNS/$ks.out") >"$RUNS/$KEY.diff"; then
+      pass "$name"
+      return 0
+    fi
+    { echo "native (<) and shim (>) results differ:"; cat "$RUNS/$KEY.diff"; } >"$RUNS/$KEY.why"
+    why+=("$RUNS/$KEY.why")
+  fi
+  fail "$name" "${why[@]}"
+}
+
+# bad_config VAR VALUE: exit status 2 at the first intercepted call, a message
+# naming the variable, the value and the accepted forms, nothing allocated.
+bad_config() {
+  local var=$1 value=$2 name="config error $1=$2"
+  wanted "$name" || return 0
+  next_key
+  local trace=$RUNS/$KEY.trace
+  : >"$trace"
+  run shim "$KEY" "$BIN/config" "$var=$value" "FAKECUDA_TRACE=$trace"
+  local rc err problems=()
+  rc=$(rc_of "$KEY")
+  err=$(cat "$RUNS/$KEY.err")
+  [ "$rc" = 2 ] || problems+=("exit status $rc, want 2")
+  grep -qF -- "$var" <<<"$err" || problems+=("stderr does not name $var")
+  grep -qF -- "$value" <<<"$err" || problems+=("stderr does not show the value $value")
+  # the accepted forms: more than the variable and the value
+  local rest=${err//$var/}
+  rest=${rest//$value/}
+  [ "$(tr -cd '[:alnum:]' <<<"$rest" | wc -c)" -ge 8 ] || problems+=("stderr does not say what is accepted")
+  [ "$(grep -c . <<<"$err")" -le 3 ] || problems+=("stderr has more than the message")
+  ! grep -q 'panicked' <<<"$err" || problems+=("a Rust panic")
+  grep -q '^# start' "$RUNS/$KEY.out" || problems+=("the program did not start")
+  ! grep -q '^# after' "$RUNS/$KEY.out" || problems+=("the first cudaMalloc returned")
+  ! grep -q '^alloc' "$trace" || problems+=("an allocation happened: $(grep -m1 '^alloc' "$trace")")
+  if [ ${#problems[@]} -eq 0 ]; then
+    pass "$name"
+  else
+    { printf '%s\n' "${problems[@]}"; echo "stderr:"; head -n 5 "$RUNS/$KEY.err"; } >"$RUNS/$KEY.why"
+    fail "$name" "$RUNS/$KEY.why"
+  fi
+}
+
+# no_cuda NAME COMMAND...: under the preload, exit 0, the same output as
+# without it (but for "# " lines), and nothing on stderr.
+no_cuda() {
+  local name=$1
+  shift
+  wanted "$name" || return 0
+  next_key
+  timeout -k 5 "$TMO" env CPUTEST_MODE=native "$@" >"$RUNS/${KEY}n.out" 2>"$RUNS/${KEY}n.err"
+  echo $? >"$RUNS/${KEY}n.rc"
+  timeout -k 5 "$TMO" env CPUTEST_MODE=shim CPUTEST_SHIM_NAME="$SHIM_NAME" LD_PRELOAD="$SHIM" "$@" \
+    >"$RUNS/${KEY}s.out" 2>"$RUNS/${KEY}s.err"
+  echo $? >"$RUNS/${KEY}s.rc"
+  local problems=()
+  [ "$(rc_of "${KEY}s")" = 0 ] || problems+=("exit status $(rc_of "${KEY}s") under the preload")
+  [ "$(rc_of "${KEY}n")" = 0 ] || problems+=("exit status $(rc_of "${KEY}n") natively")
+  [ ! -s "$RUNS/${KEY}s.err" ] || problems+=("stderr under the preload: $(head -c 300 "$RUNS/${KEY}s.err")")
+  cmp -s <(grep -v '^# ' "$RUNS/${KEY}n.out") <(grep -v '^# ' "$RUNS/${KEY}s.out") ||
+    problems+=("stdout differs from the native run")
+  if [ ${#problems[@]} -eq 0 ]; then
+    pass "$name"
+  else
+    printf '%s\n' "${problems[@]}" >"$RUNS/$KEY.why"
+    fail "$name" "$RUNS/$KEY.why" "$RUNS/${KEY}n.err"
+  fi
+}
+
+# ------------------------------------------------------------------ cases
+MEM64=FAKECUDA_MEM_LIMIT=67108864
+
+# 1. routing
+compare "routing" routing
+compare "routing SOMA_DISABLE=1" routing SOMA_DISABLE=1
+compare "routing SOMA_MIN_BYTES=4096 SOMA_MAX_BYTES=1MiB" routing SOMA_MIN_BYTES=4096 SOMA_MAX_BYTES=1MiB
+compare "routing, runtime resolving the driver by cuGetProcAddress" routing FAKECUDA_RT_PROCADDR=1
+# 2. the pointer map and the error codes
+compare "ptrmap" ptrmap
+compare "ptrmap SOMA_MAX_BYTES=4MiB (8 MiB blocks pass through)" ptrmap SOMA_MAX_BYTES=4MiB
+compare "ptrmap SOMA_POOL=default" ptrmap SOMA_POOL=default
+compare "ptrmap, runtime resolving the driver by cuGetProcAddress" ptrmap FAKECUDA_RT_PROCADDR=1
+# 3. ordering
+compare "ordering" ordering
+compare "ordering SOMA_FREE_SYNC=1" ordering SOMA_FREE_SYNC=1
+compare "ordering SOMA_POOL=default" ordering SOMA_POOL=default
+compare "free after destroying a stream with pending work" stream_destroy_pending
+compare "ordering, lazy GPU, SOMA_PENDING_FREE_LIMIT=0" ordering FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=0
+compare "SOMA_PENDING_FREE_LIMIT=4MiB, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=4MiB
+compare "SOMA_PENDING_FREE_LIMIT=0, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=0
+# 4. configuration
+compare "config (defaults)" config EXPECT_RELEASE_THRESHOLD=max
+compare "config SOMA_POOL=default" config SOMA_POOL=default EXPECT_RELEASE_THRESHOLD=max
+compare "config SOMA_POOL=own SOMA_RELEASE_THRESHOLD=512MiB" config SOMA_POOL=own \
+  SOMA_RELEASE_THRESHOLD=512MiB EXPECT_RELEASE_THRESHOLD=536870912
+compare "config SOMA_RELEASE_THRESHOLD=4G" config SOMA_RELEASE_THRESHOLD=4G EXPECT_RELEASE_THRESHOLD=4294967296
+compare "config SOMA_RELEASE_THRESHOLD=total" config SOMA_RELEASE_THRESHOLD=total EXPECT_RELEASE_THRESHOLD=total
+compare "config SOMA_RELEASE_THRESHOLD=0 on the default pool" config SOMA_POOL=default \
+  SOMA_RELEASE_THRESHOLD=0 EXPECT_RELEASE_THRESHOLD=0
+compare "config SOMA_REUSE_*" config SOMA_REUSE_FOLLOW_EVENT_DEPS=0 SOMA_REUSE_OPPORTUNISTIC=0 \
+  SOMA_REUSE_INTERNAL_DEPS=1
+compare "config SOMA_LOG=debug SOMA_FREE_SYNC=1 SOMA_PENDING_FREE_LIMIT=1MiB" config SOMA_LOG=debug \
+  SOMA_FREE_SYNC=1 SOMA_PENDING_FREE_LIMIT=1MiB
+bad_config SOMA_RELEASE_THRESHOLD banana
+bad_config SOMA_RELEASE_THRESHOLD 12XB
+bad_config SOMA_DISABLE maybe
+bad_config SOMA_POOL shared
+bad_config SOMA_MIN_BYTES -5
+bad_config SOMA_MAX_BYTES 1.5G
+bad_config SOMA_FREE_SYNC 2
+bad_config SOMA_REUSE_FOLLOW_EVENT_DEPS perhaps
+bad_config SOMA_REUSE_OPPORTUNISTIC 10
+bad_config SOMA_REUSE_INTERNAL_DEPS x
+bad_config SOMA_PENDING_FREE_LIMIT lots
+# 5. threads
+compare "threads (8 x 2000)" threads
+# 6. processes without CUDA
+no_cuda "no-CUDA program" "$BIN/nocuda"
+no_cuda "no-CUDA: /bin/true" /bin/true
+no_cuda "no-CUDA: sh -c" sh -c 'echo ok; ls / >/dev/null'
+if command -v python3 >/dev/null; then
+  no_cuda "no-CUDA: python3" python3 -c 'import ctypes, ctypes.util; print(ctypes.util.find_library("c") is not None)'
+fi
+compare "dlsym(RTLD_NEXT) from a library" dlsym_next
+# 7. out of memory
+compare "oom (64 MiB device)" oom "$MEM64"
+compare "oom SOMA_REUSE_INTERNAL_DEPS=1" oom "$MEM64" SOMA_REUSE_INTERNAL_DEPS=1
+compare "oom, lazy GPU" oom "$MEM64" FAKECUDA_LAZY_GPU=1
+compare "oom, lazy GPU, SOMA_POOL=default" oom "$MEM64" FAKECUDA_LAZY_GPU=1 SOMA_POOL=default
+compare "oom SOMA_POOL=default SOMA_REUSE_FOLLOW_EVENT_DEPS=0 SOMA_REUSE_OPPORTUNISTIC=0" oom "$MEM64" \
+  SOMA_POOL=default SOMA_REUSE_FOLLOW_EVENT_DEPS=0 SOMA_REUSE_OPPORTUNISTIC=0
+# 8. no pool support
+compare "no pool support" nopools FAKECUDA_NO_POOLS=1
+compare "no pool support, routing" routing FAKECUDA_NO_POOLS=1
+# 9. cudaDeviceReset
+compare "device reset" reset
+compare "device reset SOMA_POOL=default" reset SOMA_POOL=default
+# 10. peer access
+compare "peer access (2 devices)" peer FAKECUDA_DEVICES=2
+# stream capture
+compare "stream capture" capture
+# the driver front door: a program with the static runtime
+compare "static runtime (driver entry points by cuGetProcAddress)" static_runtime
+compare "static runtime, SOMA_DISABLE=1" static_runtime SOMA_DISABLE=1
+
+echo "$PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]
