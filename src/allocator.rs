@@ -185,6 +185,10 @@ impl Allocator {
             Claim::Pending => return Freed::AlreadyFreed,
             Claim::Unknown => return Freed::NotOurs,
         };
+        if !self.is_current_incarnation(driver, block.device) {
+            self.abandon_reset_device(driver, block.device);
+            return Freed::NotOurs;
+        }
         self.freed(driver, Op::Free, ptr, block);
         if !captures.is_empty() {
             lock(&self.deferred).push((ptr, block));
@@ -356,10 +360,35 @@ impl Allocator {
             known => known,
         };
         match slot {
-            DeviceSlot::Pooled(device) if device.context == context => Ok(device),
+            DeviceSlot::Pooled(device) if device.context == context => {
+                if driver.context_id(context).ok() == Some(device.context_id) {
+                    Ok(device)
+                } else {
+                    self.abandon_reset_device(driver, ordinal);
+                    self.device(driver, context)
+                }
+            }
             DeviceSlot::Pooled(_) => Err(Passthrough::ForeignContext),
             _ => Err(Passthrough::NoPoolSupport),
         }
+    }
+
+    /// Whether the pool of `ordinal` still belongs to the device's current
+    /// primary context. A statically linked runtime's `cudaDeviceReset` does
+    /// not go through the entry points the shim wraps; the context's ID shows it.
+    fn is_current_incarnation(&self, driver: &Driver, ordinal: i32) -> bool {
+        let Some(device) = self.known_device(ordinal) else {
+            return true;
+        };
+        let current = match driver.current_context() {
+            Ok(Some(current)) if current == device.context => current,
+            // Another device's context: ask for this device's primary one.
+            _ => match driver.primary_context(ordinal) {
+                Ok(primary) => primary,
+                Err(_) => return false,
+            },
+        };
+        current == device.context && driver.context_id(current).ok() == Some(device.context_id)
     }
 
     fn set_up(&self, driver: &Driver, ordinal: i32, context: Context) -> DeviceSlot {
@@ -459,8 +488,27 @@ impl Allocator {
         result
     }
 
-    /// Forgets device `ordinal` before the real reset destroys its memory.
+    /// Forgets device `ordinal` before the real reset destroys its memory,
+    /// and releases what the shim created there while it still can.
     pub fn device_resetting(&self, driver: &Driver, ordinal: i32) {
+        if let Some((device, unreturned)) = self.forget_device(ordinal) {
+            let _ = driver.with_context(device.context, || device.destroy(driver, &unreturned));
+            log::debug!("device {ordinal} reset: released {} block(s) and the pool", unreturned.len());
+        }
+    }
+
+    /// The device was reset behind the shim's back: its old blocks are
+    /// released and the shim starts over with a new pool on next use.
+    fn abandon_reset_device(&self, driver: &Driver, ordinal: i32) {
+        if let Some((device, unreturned)) = self.forget_device(ordinal) {
+            log::debug!("device {ordinal} was reset by a path the shim does not wrap");
+            device.abandon(driver, &unreturned);
+        }
+    }
+
+    /// Forgets everything of device `ordinal` without calling the driver:
+    /// returns its pool and the blocks never returned to it, if it had one.
+    fn forget_device(&self, ordinal: i32) -> Option<(Arc<Device>, Vec<u64>)> {
         let removed = {
             let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
             let slot = usize::try_from(ordinal).ok().and_then(|i| devices.get_mut(i));
@@ -476,13 +524,11 @@ impl Allocator {
             *deferred = others;
             of_device.into_iter().map(|(ptr, _)| ptr).collect::<Vec<_>>()
         };
-        let unreturned: Vec<u64> = live.iter().map(|(ptr, _)| *ptr).chain(deferred).collect();
-        if let Some(device) = removed {
-            lock(&self.streams).forget_context(device.context);
-            let _ = driver.with_context(device.context, || device.destroy(driver, &unreturned));
-        }
         lock(&self.peer_grants).retain(|&(_, accessor)| accessor != ordinal);
-        log::debug!("device {ordinal} reset: released {} block(s) and the pool", unreturned.len());
+        let device = removed?;
+        lock(&self.streams).forget_context(device.context);
+        log::debug!("device {ordinal}: forgot the pool and {} pointer(s)", live.len() + deferred.len());
+        Some((device, live.iter().map(|(ptr, _)| *ptr).chain(deferred).collect()))
     }
 
     /// `accessor` gained (or lost) peer access to `owner`'s memory.

@@ -33,6 +33,9 @@ use crate::stats::{DeviceCounters, PoolPeaks};
 pub struct Device {
     pub ordinal: i32,
     pub context: Context,
+    /// `context`'s ID when the pool was set up: a different one means the
+    /// device was reset, maybe by a path the shim does not see.
+    pub context_id: u64,
     pool: Pool,
     owns_pool: bool,
     /// Allocations, and frees whose work is done; nothing else.
@@ -92,6 +95,7 @@ impl Device {
         Ok(Device {
             ordinal,
             context,
+            context_id: driver.context_id(context)?,
             pool,
             owns_pool,
             pool_stream: driver.create_nonblocking_stream()?,
@@ -294,6 +298,22 @@ impl Device {
         if self.owns_pool {
             let _ = driver.destroy_pool(self.pool);
         }
+    }
+
+    /// After a reset the shim did not see (its streams and events died with
+    /// the context; the pool, a device object, did not): frees every block
+    /// still allocated (`live`, and the pending ones) without a stream and
+    /// destroys the pool, so old pointers are invalid as after a real reset.
+    pub fn abandon(&self, driver: &Driver, live: &[u64]) {
+        if !self.owns_pool {
+            return; // the device's default pool is reset with the device
+        }
+        let frees = self.lock_frees();
+        let pending = frees.queue.iter().map(|f| f.ptr);
+        for ptr in live.iter().copied().chain(pending) {
+            let _ = driver.free_now(ptr);
+        }
+        let _ = driver.destroy_pool(self.pool);
     }
 
     fn lock_frees(&self) -> MutexGuard<'_, PendingFrees> {

@@ -91,6 +91,16 @@ impl Driver {
         Ok(device)
     }
 
+    /// The process-unique ID of a live context: a reset gives the device's
+    /// primary context a new one.
+    pub fn context_id(&self, ctx: Context) -> CuResult<u64> {
+        let mut id: u64 = 0;
+        // SAFETY: `ctx` is live (callers pass the current or a just-retained
+        // context); one out-pointer to a local.
+        check(unsafe { cu::cuCtxGetId(ctx.0, &mut id) })?;
+        Ok(id)
+    }
+
     /// Runs `f` with `ctx` current on this thread, restoring the caller's context after.
     pub fn with_context<T>(&self, ctx: Context, f: impl FnOnce() -> T) -> CuResult<T> {
         if self.current_context()? == Some(ctx) {
@@ -297,6 +307,12 @@ impl Driver {
         // SAFETY: live handles; one out-pointer to a local.
         check(unsafe { cu::cuMemAllocFromPoolAsync(&mut ptr, size as usize, pool.0, stream.0) })?;
         Ok(ptr)
+    }
+
+    /// Frees a pool block at once, in no stream's order.
+    pub fn free_now(&self, ptr: u64) -> CuResult<()> {
+        // SAFETY: `ptr` came from a pool of this driver and is freed once.
+        check(unsafe { cu::cuMemFree_v2(ptr) })
     }
 
     pub fn free_async(&self, ptr: u64, stream: Stream) -> CuResult<()> {

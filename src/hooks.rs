@@ -112,11 +112,11 @@ pub fn free(
     real: impl FnOnce() -> u32,
 ) -> u32 {
     let allocator = allocator::get();
-    let _timer = CallTimer::start(allocator, &allocator.stats.free_time);
     let driver = match driver::loaded() {
         Some(driver) if ptr != 0 && !allocator.config.disable => driver,
         _ => return real(),
     };
+    let _timer = CallTimer::start(allocator, &allocator.stats.free_time);
     if allocator.capture_in_progress() {
         // Asked in the block's context, as the real free acts there.
         if let Some(context) = allocator.context_of(ptr) {

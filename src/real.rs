@@ -155,6 +155,7 @@ pub mod driver {
         find = find_in_driver;
         cuCtxGetCurrent(ctx: *mut *mut c_void);
         cuCtxGetDevice(device: *mut c_int);
+        cuCtxGetId(ctx: *mut c_void, id: *mut u64);
         cuCtxPushCurrent_v2(ctx: *mut c_void);
         cuCtxPopCurrent_v2(ctx: *mut *mut c_void);
         cuCtxSynchronize();

@@ -988,6 +988,21 @@ CUresult cuCtxGetDevice(CUdevice *device) {
   RET(CUDA_SUCCESS);
 }
 
+/* A context's ID is unique for the life of the process: a reset (which bumps
+ * the generation) gives the device's primary context a new one. */
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
+  NEED_INIT();
+  if (!id) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c = ctx;
+  if (!c) {
+    CUresult r = cur_ctx(&c);
+    if (r) RET(r);
+  }
+  *id = ((unsigned long long)c->gen << 8 | (unsigned)c->dev) + 1;
+  RET(CUDA_SUCCESS);
+}
+
 CUresult cuCtxSynchronize(void) {
   NEED_INIT();
   LOCK();
@@ -1738,6 +1753,7 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuCtxPushCurrent", cuCtxPushCurrent_v2),
     PROC("cuCtxPopCurrent", cuCtxPopCurrent_v2),
     PROC("cuCtxGetDevice", cuCtxGetDevice),
+    PROC("cuCtxGetId", cuCtxGetId),
     PROC("cuCtxSynchronize", cuCtxSynchronize),
     PROC("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess),
     PROC("cuCtxDisablePeerAccess", cuCtxDisablePeerAccess),
