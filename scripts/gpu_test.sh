@@ -131,6 +131,8 @@ race@internal_deps|race||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 streams_destroyed@internal_deps|streams_destroyed||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 mixed@internal_deps|mixed||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 errors@internal_deps|errors||SOMA_REUSE_INTERNAL_DEPS=1|1|-
+meminfo|meminfo||SOMA_MEMINFO=pool|1|-
+ipc@passthrough_callers|ipc||SOMA_PASSTHROUGH_CALLERS=ipc|1|-
 EOF
 )
 # The same programs built with the static runtime (all of them) and as
@@ -241,6 +243,9 @@ while IFS='|' read -r name prog args envs gpus san; do
   elif [ "$np" != 0 ]; then reasons+=("native run saw $np pooled cudaMalloc pointers (must be 0)"); fi
   if [ -z "$sp" ]; then
     reasons+=("no '# pooled' line under the shim")
+  elif [[ $envs == *SOMA_PASSTHROUGH_CALLERS* ]]; then
+    # Every allocation comes from the listed program: none may be pooled.
+    [ "$sp" = 0 ] || reasons+=("$sp pointers pooled although their caller is listed in SOMA_PASSTHROUGH_CALLERS")
   elif [ "$sp" = 0 ]; then reasons+=("no cudaMalloc pointer came from a pool under the shim (is it preloaded?)"); fi
   logonly "===== $name: env [$envs] args [$args] native rc=$nrc shim rc=$src pooled native=${np:-?} shim=${sp:-?} ($secs)"
   logfile "$name native stdout" "$RUNS/$safe.native.out"
@@ -329,13 +334,71 @@ if wanted nocuda_python; then
   fi
 fi
 
+# ---- CUDA IPC on pool memory: the shim's message ------------------------------
+if wanted ipc_message; then
+  if built ipc; then
+    LD_PRELOAD="$SHIM" timeout "$T" "$BUILD/ipc" >"$RUNS/ipc_msg.out" 2>"$RUNS/ipc_msg.err"
+    rc=$?
+    logfile "ipc_message stdout" "$RUNS/ipc_msg.out"
+    logfile "ipc_message stderr" "$RUNS/ipc_msg.err"
+    reasons=()
+    grep -q 'cudaIpcGetMemHandle rc=0' "$RUNS/ipc_msg.out" && reasons+=("IPC of pool memory unexpectedly worked")
+    grep -q 'somashim: cudaIpcGetMemHandle' "$RUNS/ipc_msg.err" || reasons+=("no somashim message on stderr")
+    grep -q 'SOMA_PASSTHROUGH_CALLERS=ipc' "$RUNS/ipc_msg.err" || reasons+=("the message does not name SOMA_PASSTHROUGH_CALLERS=ipc")
+    grep -q '1.0 MiB' "$RUNS/ipc_msg.err" || reasons+=("the message does not give the block's size")
+    if [ ${#reasons[@]} -eq 0 ]; then
+      pass ipc_message "$(head -c 160 "$RUNS/ipc_msg.err")"
+    else
+      fail ipc_message "$(IFS=';'; echo "${reasons[*]}")"
+    fi
+  else
+    fail ipc_message "ipc did not build"
+  fi
+fi
+
+# ---- SOMA_STATS and SOMA_TRACE against the pool's own figures -----------------
+if wanted stats_trace; then
+  if built streams; then
+    SOMA_STATS="$RUNS/stats.txt" SOMA_TRACE="$RUNS/trace.csv" LD_PRELOAD="$SHIM" timeout "$T" "$BUILD/streams" \
+      >"$RUNS/stats.out" 2>"$RUNS/stats.err"
+    rc=$?
+    logfile "stats_trace SOMA_STATS" "$RUNS/stats.txt"
+    fig() { awk -v k="$1" 'index($0, k) == 3 {print $(NF-1) " " $NF; exit}' "$RUNS/stats.txt"; }
+    count() { awk -v k="$1" 'index($0, k) == 3 {print $3; exit}' "$RUNS/stats.txt"; }
+    allocs=$(count "pool allocations") frees=$(count "pool frees")
+    rows=$(($(wc -l <"$RUNS/trace.csv" 2>/dev/null || echo 1) - 1))
+    trace_allocs=$(grep -c ',alloc,' "$RUNS/trace.csv" 2>/dev/null)
+    pooled=$(pooled_of "$RUNS/stats.out")
+    reasons=()
+    [ "$rc" = 0 ] || reasons+=("exit $rc")
+    [ -n "$allocs" ] && [ "$allocs" = "$frees" ] || reasons+=("pool allocations $allocs, frees $frees")
+    [ "$(fig 'in use now')" = "0 B" ] || reasons+=("in use at exit: $(fig 'in use now')")
+    [ "$(fig 'peak in use (pool)')" != "" ] || reasons+=("no pool figures")
+    # The program counts the pooled pointers it got itself: the table has at least those.
+    [ -n "$pooled" ] && [ "${allocs:-0}" -ge "$pooled" ] && [ "$pooled" -gt 0 ] || reasons+=("table says ${allocs:-?} pool allocations, the program counted ${pooled:-?} pooled pointers")
+    [ "$trace_allocs" = "$allocs" ] || reasons+=("trace has $trace_allocs alloc rows, the table $allocs")
+    if [ ${#reasons[@]} -eq 0 ]; then
+      pass stats_trace "$allocs pool allocations in table, trace ($rows rows) and program; peak in use $(fig 'peak in use (shim)'), pool peak $(fig 'peak in use (pool)'), reserved $(fig 'peak reserved (pool)')"
+    else
+      fail stats_trace "$(IFS=';'; echo "${reasons[*]}")"
+    fi
+    [ -n "${OUT:-}" ] && cp "$RUNS/trace.csv" "$OUT/trace-streams.csv" 2>/dev/null
+  else
+    fail stats_trace "streams did not build"
+  fi
+fi
+
 # ---- PyTorch under the preload ---------------------------------------------
 PY=${PYTHON:-python3}
 if wanted torch_train && "$PY" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   # Caching off: every tensor is a cudaMalloc/cudaFree, all through the shim.
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 SOMA_STATS="$RUNS/torch.stats" LD_PRELOAD="$SHIM" \
-    timeout "$T" "$PY" c_tests/gpu/torch_steps.py >"$RUNS/torch.out" 2>"$RUNS/torch.err"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 SOMA_STATS="$RUNS/torch.stats" SOMA_TRACE="$RUNS/torch-trace.csv" \
+    LD_PRELOAD="$SHIM" timeout "$T" "$PY" c_tests/gpu/torch_steps.py >"$RUNS/torch.out" 2>"$RUNS/torch.err"
   rc=$?
+  # The timeline of this run, as a picture (scripts/plot_trace.py), next to the log.
+  "$PY" scripts/plot_trace.py "$RUNS/torch-trace.csv" "$LOGDIR/torch-trace.png" \
+    --title "somashim: PyTorch, 8 training steps, caching allocator off" >>"$LOG" 2>&1
+  cp "$RUNS/torch.stats" "$LOGDIR/torch-stats.txt" 2>/dev/null
   pooled=$(awk '/pool allocations/ {s += $3} END {print s + 0}' "$RUNS/torch.stats" 2>/dev/null)
   logfile "torch_train stdout" "$RUNS/torch.out"
   logfile "torch_train stderr" "$RUNS/torch.err"

@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, RwLock};
 
+use crate::caller::CallerFilter;
 use crate::config::{Config, StatsOutput};
 use crate::device::{AllocFailure, Device, Predecessors};
 use crate::driver::{Context, Driver, Event, Stream};
@@ -20,6 +21,8 @@ use crate::trace::{Op, Trace};
 pub struct Allocator {
     pub config: Config,
     pub stats: Stats,
+    /// Callers named by `SOMA_PASSTHROUGH_CALLERS`, resolved once per call site.
+    pub callers: CallerFilter,
     trace: Option<Trace>,
     map: PointerMap,
     /// Indexed by device ordinal: not yet seen, cannot be pooled, or its pool.
@@ -98,6 +101,7 @@ pub fn get() -> &'static Allocator {
         Allocator {
             config,
             stats: Stats::default(),
+            callers: CallerFilter::default(),
             trace,
             map: PointerMap::default(),
             devices: RwLock::new(Vec::new()),
@@ -150,8 +154,9 @@ impl Allocator {
         !self.captures.read().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
-    /// Allocates `size` bytes in the current context's device pool.
-    pub fn alloc(&self, driver: &Driver, size: u64) -> Result<u64, Passthrough> {
+    /// Allocates `size` bytes in the current context's device pool for the
+    /// code at `caller` (its return address).
+    pub fn alloc(&self, driver: &Driver, size: u64, caller: usize) -> Result<u64, Passthrough> {
         let context = match driver.current_context() {
             Ok(Some(context)) => context,
             _ => return Err(Passthrough::NoContext),
@@ -160,7 +165,7 @@ impl Allocator {
         self.issue_deferred_frees(driver);
         match device.alloc(driver, size, self.stats.device(device.ordinal), &self.map) {
             Ok(ptr) => {
-                let stale = self.map.insert(ptr, Block { device: device.ordinal, size });
+                let stale = self.map.insert(ptr, Block { device: device.ordinal, size, caller });
                 if let Some(stale) = stale {
                     log::warn!("pointer map was stale at {ptr:#x} ({stale:?})");
                 }
@@ -201,9 +206,14 @@ impl Allocator {
         Freed::Issued { device: block.device }
     }
 
+    /// The live pool block at `ptr`, if any.
+    pub fn live_block(&self, ptr: u64) -> Option<Block> {
+        self.map.live_block(ptr)
+    }
+
     /// The context of the device whose pool holds the live block `ptr`.
     pub fn context_of(&self, ptr: u64) -> Option<Context> {
-        let device = self.map.live_block(ptr)?.device;
+        let device = self.live_block(ptr)?.device;
         self.known_device(device).map(|d| d.context)
     }
 

@@ -18,7 +18,7 @@ use crate::real::{self, SUCCESS};
 pub const INVALID_VALUE: u32 = 1;
 
 /// Driver entry points the shim wraps, by exported name, with the shim's function.
-fn wrapped() -> [(&'static CStr, usize); 19] {
+fn wrapped() -> [(&'static CStr, usize); 20] {
     [
         (c"cuMemAlloc_v2", crate::cuMemAlloc_v2 as *const () as usize),
         (c"cuMemFree_v2", crate::cuMemFree_v2 as *const () as usize),
@@ -37,6 +37,7 @@ fn wrapped() -> [(&'static CStr, usize); 19] {
         (c"cuCtxDisablePeerAccess", crate::cuCtxDisablePeerAccess as *const () as usize),
         (c"cuDevicePrimaryCtxReset_v2", crate::cuDevicePrimaryCtxReset_v2 as *const () as usize),
         (c"cuMemGetInfo_v2", crate::cuMemGetInfo_v2 as *const () as usize),
+        (c"cuIpcGetMemHandle", crate::cuIpcGetMemHandle as *const () as usize),
         (c"cuGetProcAddress", crate::cuGetProcAddress as *const () as usize),
         (c"cuGetProcAddress_v2", crate::cuGetProcAddress_v2 as *const () as usize),
     ]

@@ -27,12 +27,13 @@ const STREAM_NON_BLOCKING: c_uint = 1;
 pub unsafe fn malloc(
     out: *mut u64,
     size: usize,
+    caller: usize,
     make_context_current: impl FnOnce() -> bool,
     real: impl FnOnce() -> u32,
 ) -> u32 {
     let allocator = allocator::get();
     let _timer = CallTimer::start(allocator, &allocator.stats.alloc_time);
-    match pool_alloc(allocator, out.is_null(), size as u64, make_context_current) {
+    match pool_alloc(allocator, out.is_null(), size as u64, caller, make_context_current) {
         Ok(ptr) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
             unsafe { *out = ptr };
@@ -75,6 +76,7 @@ fn pool_alloc(
     allocator: &Allocator,
     null_out: bool,
     size: u64,
+    caller: usize,
     make_context_current: impl FnOnce() -> bool,
 ) -> Result<u64, Passthrough> {
     if let Some(reason) = allocator.size_passthrough(size) {
@@ -83,10 +85,14 @@ fn pool_alloc(
     if null_out {
         return Err(Passthrough::NullOutPointer);
     }
+    let listed = &allocator.config.passthrough_callers;
+    if !listed.is_empty() && allocator.callers.is_listed(caller, listed) {
+        return Err(Passthrough::Caller);
+    }
     if allocator.capture_in_progress() {
         return Err(Passthrough::StreamCapture);
     }
-    allocator.alloc(driver_with_context(make_context_current)?, size)
+    allocator.alloc(driver_with_context(make_context_current)?, size, caller)
 }
 
 fn driver_with_context(make_context_current: impl FnOnce() -> bool) -> Result<&'static Driver, Passthrough> {
@@ -240,4 +246,22 @@ pub unsafe fn mem_get_info(free: *mut usize, real: impl FnOnce() -> u32) -> u32 
         }
     }
     rc
+}
+
+/// `cudaIpcGetMemHandle`/`cuIpcGetMemHandle`: pool memory cannot be shared by
+/// CUDA IPC, and the real call refuses it. The shim says why, and how to give
+/// the allocating library the real allocator; the real call then answers.
+pub fn ipc_get_mem_handle(ptr: u64, function: &str, real: impl FnOnce() -> u32) -> u32 {
+    let allocator = allocator::get();
+    if let Some(block) = allocator.live_block(ptr) {
+        let library = crate::caller::object_of(block.caller).unwrap_or_else(|| "an unknown library".into());
+        let name = library.rsplit('/').next().unwrap_or(&library).split('.').next().unwrap_or("").to_string();
+        eprintln!(
+            "somashim: {function}({ptr:#x}): this {} block comes from the shim's memory pool \
+             (allocated from {library}), which CUDA IPC cannot share; run with \
+             SOMA_PASSTHROUGH_CALLERS={name} to give that library the real allocator",
+            crate::stats::human_bytes(block.size)
+        );
+    }
+    real()
 }

@@ -11,6 +11,7 @@
 #![allow(clippy::missing_safety_doc)] // each export has the C function's contract
 
 mod allocator;
+mod caller;
 mod config;
 mod device;
 mod dlsym_hook;
@@ -37,10 +38,24 @@ type Handle = *mut c_void;
 
 // ---- the runtime front door --------------------------------------------------
 
-#[no_mangle]
-pub unsafe extern "C" fn cudaMalloc(ptr: *mut Handle, size: usize) -> u32 {
+/// `cudaMalloc` and `cuMemAlloc_v2` pass their caller's return address to
+/// the hook as a third argument: a two-instruction trampoline with no frame
+/// of its own (x86-64 System V: the third argument goes in rdx).
+macro_rules! with_caller {
+    ($export:ident($($arg:ident: $ty:ty),*) => $hook:ident) => {
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $export($($arg: $ty),*) -> u32 {
+            std::arch::naked_asm!("mov rdx, qword ptr [rsp]", "jmp {hook}", hook = sym $hook)
+        }
+    };
+}
+
+with_caller!(cudaMalloc(ptr: *mut Handle, size: usize) => cuda_malloc_from);
+
+unsafe extern "C" fn cuda_malloc_from(ptr: *mut Handle, size: usize, caller: usize) -> u32 {
     let real = || unsafe { cuda::cudaMalloc(ptr, size) };
-    guarded(|| unsafe { hooks::malloc(ptr.cast(), size, runtime_door::make_context_current, real) }, real)
+    guarded(|| unsafe { hooks::malloc(ptr.cast(), size, caller, runtime_door::make_context_current, real) }, real)
 }
 
 #[no_mangle]
@@ -151,6 +166,12 @@ pub unsafe extern "C" fn cudaDeviceDisablePeerAccess(peer: c_int) -> u32 {
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: Handle, ptr: Handle) -> u32 {
+    let real = || unsafe { cuda::cudaIpcGetMemHandle(handle, ptr) };
+    guarded(|| hooks::ipc_get_mem_handle(ptr as u64, "cudaIpcGetMemHandle", real), real)
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> u32 {
     let real = || unsafe { cuda::cudaMemGetInfo(free, total) };
     guarded(|| unsafe { hooks::mem_get_info(free, real) }, real)
@@ -158,10 +179,11 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
 
 // ---- the driver front door ---------------------------------------------------
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut u64, size: usize) -> u32 {
+with_caller!(cuMemAlloc_v2(ptr: *mut u64, size: usize) => cu_mem_alloc_from);
+
+unsafe extern "C" fn cu_mem_alloc_from(ptr: *mut u64, size: usize, caller: usize) -> u32 {
     let real = || unsafe { cu::cuMemAlloc_v2(ptr, size) };
-    guarded(|| unsafe { hooks::malloc(ptr, size, || false, real) }, real)
+    guarded(|| unsafe { hooks::malloc(ptr, size, caller, || false, real) }, real)
 }
 
 #[no_mangle]
@@ -267,6 +289,12 @@ pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer: Handle) -> u32 {
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> u32 {
     let real = || unsafe { cu::cuDevicePrimaryCtxReset_v2(device) };
     guarded(|| hooks::device_reset(Some(device), real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcGetMemHandle(handle: Handle, ptr: u64) -> u32 {
+    let real = || unsafe { cu::cuIpcGetMemHandle(handle, ptr) };
+    guarded(|| hooks::ipc_get_mem_handle(ptr, "cuIpcGetMemHandle", real), real)
 }
 
 #[no_mangle]

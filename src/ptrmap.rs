@@ -18,6 +18,8 @@ use dashmap::DashMap;
 pub struct Block {
     pub device: i32,
     pub size: u64,
+    /// The return address of the allocation call (0 where unknown).
+    pub caller: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,7 +136,7 @@ mod tests {
     use std::sync::Arc;
     use std::thread;
 
-    const B: Block = Block { device: 0, size: 256 };
+    const B: Block = Block { device: 0, size: 256, caller: 0 };
 
     #[test]
     fn a_freed_block_is_pending_until_returned() {
@@ -170,7 +172,7 @@ mod tests {
     #[test]
     fn interior_pointers_are_unknown() {
         let map = PointerMap::default();
-        map.insert(0x1000, Block { device: 0, size: 4096 });
+        map.insert(0x1000, Block { device: 0, size: 4096, caller: 0 });
         assert!(!map.is_live(0x1100));
         assert_eq!(map.claim_for_free(0x1100), Claim::Unknown);
         assert_eq!(map.len(), 1);
@@ -179,18 +181,18 @@ mod tests {
     #[test]
     fn reinserting_a_pointer_reports_the_stale_block() {
         let map = PointerMap::default();
-        map.insert(0x1000, Block { device: 0, size: 1 });
-        assert_eq!(map.insert(0x1000, Block { device: 1, size: 2 }), Some(Block { device: 0, size: 1 }));
-        assert_eq!(map.claim_for_free(0x1000), Claim::Live(Block { device: 1, size: 2 }));
+        map.insert(0x1000, Block { device: 0, size: 1, caller: 0 });
+        assert_eq!(map.insert(0x1000, Block { device: 1, size: 2, caller: 0 }), Some(Block { device: 0, size: 1, caller: 0 }));
+        assert_eq!(map.claim_for_free(0x1000), Claim::Live(Block { device: 1, size: 2, caller: 0 }));
     }
 
     #[test]
     fn reset_takes_only_that_device_and_reports_live_blocks() {
         let map = PointerMap::default();
         for i in 0..10u64 {
-            map.insert(0x1000 * (i + 1), Block { device: (i % 2) as i32, size: 8 });
+            map.insert(0x1000 * (i + 1), Block { device: (i % 2) as i32, size: 8, caller: 0 });
         }
-        assert_eq!(map.claim_for_free(0x2000), Claim::Live(Block { device: 1, size: 8 }));
+        assert_eq!(map.claim_for_free(0x2000), Claim::Live(Block { device: 1, size: 8, caller: 0 }));
         let live = map.take_device(1);
         assert_eq!(live.len(), 4, "the pending one is not reported live");
         assert!(live.iter().all(|(_, b)| b.device == 1));
@@ -217,7 +219,7 @@ mod tests {
                 thread::spawn(move || {
                     for i in 0..10_000u64 {
                         let ptr = (t << 40) | (i << 8);
-                        let block = Block { device: 0, size: i };
+                        let block = Block { device: 0, size: i, caller: 0 };
                         assert_eq!(map.insert(ptr, block), None);
                         if i % 2 == 0 {
                             assert_eq!(map.claim_for_free(ptr), Claim::Live(block));

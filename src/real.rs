@@ -109,6 +109,7 @@ pub mod runtime {
         cudaFreeAsync(ptr: *mut c_void, stream: *mut c_void);
         cudaGetDevice(device: *mut c_int);
         cudaMemGetInfo(free: *mut usize, total: *mut usize);
+        cudaIpcGetMemHandle(handle: *mut c_void, ptr: *mut c_void);
         cudaDeviceReset();
         cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint);
         cudaDeviceDisablePeerAccess(peer: c_int);
@@ -211,6 +212,7 @@ pub mod driver {
         cuCtxDisablePeerAccess(peer: *mut c_void);
         cuDevicePrimaryCtxReset_v2(device: c_int);
         cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
+        cuIpcGetMemHandle(handle: *mut c_void, ptr: u64);
         cuGetProcAddress(symbol: *const c_char, function: *mut *mut c_void, version: c_int, flags: u64);
         cuGetProcAddress_v2(
             symbol: *const c_char,
