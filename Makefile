@@ -8,7 +8,9 @@ CUDA_HEADERS := $(BUILD)/cuda/nvidia/cu13/include
 SHIM ?=
 SHIM_LIB := $(if $(SHIM),$(SHIM),target/release/libsomashim.so)
 
-.PHONY: test gpu-test demo bench headers shim clean
+PREFIX ?= /usr/local
+
+.PHONY: test gpu-test demo bench install headers shim clean
 
 # Real CUDA 13.0 headers for the CPU test double, from the pinned pip packages
 # (the runtime's, and crt/ which cuda_runtime_api.h includes).
@@ -35,6 +37,10 @@ demo: shim
 
 bench: shim
 	scripts/bench.sh $(SHIM_LIB)
+
+# PREFIX/lib/libsomashim.so and PREFIX/bin/somarun (DESTDIR is honoured).
+install: shim
+	scripts/install.sh $(PREFIX) $(SHIM_LIB)
 
 clean:
 	rm -rf $(BUILD)

@@ -111,6 +111,23 @@ if [ "${CPUTEST_SKIP_CARGO:-0}" != 1 ] && wanted "cargo test"; then
   fi
 fi
 
+# ------------------------------------------------- the launcher (scripts/somarun)
+if wanted "launcher"; then
+  launcher_log=$B/launcher_test.log
+  bash c_tests/launcher/test_somarun.sh >"$launcher_log" 2>&1
+  lrc=$?
+  read -r lp lf < <(tail -n 1 "$launcher_log" | awk '/passed, .* failed/ {print $1 + 0, $3 + 0; next} {print 0, 0}')
+  PASSED=$((PASSED + lp))
+  FAILED=$((FAILED + lf))
+  if [ "$lrc" -eq 0 ] && [ "$lf" -eq 0 ] && [ "$lp" -gt 0 ]; then
+    echo "PASS launcher ($lp checks)"
+  else
+    if [ "$lf" -eq 0 ]; then FAILED=$((FAILED + 1)); fi # it did not run
+    echo "FAIL launcher ($lp passed, $lf failed, exit status $lrc)"
+    grep -E '^FAIL' "$launcher_log" | head -n 25 | sed 's/^/    /'
+  fi
+fi
+
 if [ ! -f "$SHIM" ]; then
   echo "no shim at $SHIM" >"$RUNS/noshim"
   fail "shim library present" "$RUNS/noshim"

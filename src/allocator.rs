@@ -185,15 +185,18 @@ impl Allocator {
     /// queued: recording events then could join or break the capture.
     pub fn free(&self, driver: &Driver, ptr: u64) -> Freed {
         let captures = self.captures.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(block) = self.map.live_block(ptr) {
+            if !self.is_current_incarnation(driver, block.device) {
+                // Its memory went with the reset: the real free answers.
+                self.abandon_reset_device(driver, block.device);
+                return Freed::NotOurs;
+            }
+        }
         let block = match self.map.claim_for_free(ptr) {
             Claim::Live(block) => block,
             Claim::Pending => return Freed::AlreadyFreed,
             Claim::Unknown => return Freed::NotOurs,
         };
-        if !self.is_current_incarnation(driver, block.device) {
-            self.abandon_reset_device(driver, block.device);
-            return Freed::NotOurs;
-        }
         self.freed(driver, Op::Free, ptr, block);
         if !captures.is_empty() {
             lock(&self.deferred).push((ptr, block));

@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# Real-program benchmarks: PyTorch training, CuPy array chains and (with 2+ GPUs)
+# DDP over NCCL, each under several allocators, the shim among them; one table.
+#
+#   scripts/bench_programs.sh path/to/libsomashim.so
+#
+# Scenarios (a group's first is its baseline, "x base" divides by it):
+#   transformer/*, resnet/*  scripts/bench_torch.py --model M under
+#       caching            PyTorch's caching allocator (default)
+#       caching-off        PYTORCH_NO_CUDA_MEMORY_CACHING=1
+#       caching-off+shim   the same, LD_PRELOAD=the shim
+#       cudaMallocAsync    PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+#   cupy/*                   scripts/bench_cupy.py: pool, nopool, nopool+shim
+#   ddp2/*  (2+ GPUs only)   torchrun 2 ranks of scripts/bench_ddp.py: caching,
+#                            caching-off, caching-off+shim
+#
+# Environment: PYTHON (python3), BENCH_STEPS (30) and BENCH_WARMUP (5) for the torch
+# and DDP runs, BENCH_RESNET_STEPS, BENCH_DDP_STEPS (default BENCH_STEPS),
+# BENCH_CUPY_CHAINS (40), BENCH_TIMEOUT (90: seconds per scenario, then it is killed
+# and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy').
+# SOMA_* variables in the environment reach the shim runs; shim runs also get
+# SOMA_STATS=<file> (DDP excepted), and the table shows the pool's figures from it
+# when the shim writes them. LD_PRELOAD and PyTorch's allocator variables are
+# cleared first, so that the baselines are clean.
+#
+# Output: progress and the table on stdout; $OUT/programs.jsonl (one JSON line per
+# scenario) and $OUT/programs.log (environment, table, each scenario's stderr) if OUT
+# is set, else build/programs/. A failed scenario is reported and the rest go on;
+# the exit status is 1 if any failed. About 3-5 minutes on one H100/H200.
+set -uo pipefail
+[ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
+cd "$(dirname "$0")/.." || exit 2
+SHIM=${1:-}
+PY=${PYTHON:-python3}
+STEPS=${BENCH_STEPS:-30}
+WARMUP=${BENCH_WARMUP:-5}
+RESNET_STEPS=${BENCH_RESNET_STEPS:-$STEPS}
+DDP_STEPS=${BENCH_DDP_STEPS:-$STEPS}
+CUPY_CHAINS=${BENCH_CUPY_CHAINS:-40}
+T=${BENCH_TIMEOUT:-90}
+ONLY=${BENCH_ONLY:-}
+WORK=build/programs
+DEST=${OUT:-$WORK}
+mkdir -p "$WORK" "$DEST" || exit 2
+JSONL=$DEST/programs.jsonl
+LOG=$DEST/programs.log
+: >"$JSONL"
+: >"$LOG"
+export PYTHONUNBUFFERED=1
+
+for v in LD_PRELOAD PYTORCH_NO_CUDA_MEMORY_CACHING PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF; do
+  if [ -n "${!v:-}" ]; then
+    echo "note: clearing $v=${!v} for the baselines"
+    unset "$v"
+  fi
+done
+
+# The helpers: finish a scenario's JSON line (error line if none, shim statistics
+# merged in), and print the table. Run without the preload.
+HELPER=$(cat <<'PYEOF'
+import json, re, sys
+
+def finalize(name, rc, out, err, stats):
+    lines = [l for l in open(out, errors="replace").read().splitlines() if l.startswith("{")]
+    parsed = []
+    for l in lines:
+        try:
+            parsed.append(json.loads(l))
+        except ValueError:
+            pass
+    good = [r for r in parsed if "error" not in r]
+    rec = (good or parsed or [None])[-1 if good else 0]
+    killed = {124: "killed after the time limit", 137: "killed (SIGKILL: time limit or out of memory)"}
+    if rec is None:
+        tail = [l for l in open(err, errors="replace").read().splitlines() if l.strip()][-3:]
+        why = killed.get(rc, f"exit status {rc}, no JSON line")
+        rec = {"error": why + (": " + " | ".join(tail) if tail else "")}
+    rec["scenario"] = name
+    rec["exit_status"] = rc
+    if rc != 0 and "error" not in rec:
+        others = [r["error"] for r in parsed if "error" in r]
+        if rec.get("check_ok") is False:
+            checks = {k: rec.get(k) for k in ("params_identical", "loss_finite") if k in rec}
+            others.insert(0, f"check failed: {checks}")
+        rec["error"] = "; ".join(others) or killed.get(rc, f"exit status {rc}")
+    try:
+        text = open(stats, errors="replace").read()
+    except OSError:
+        text = None
+    if text:
+        m = re.search(r"^\s*pool allocations\s+(\d+)", text, re.M)
+        rec["shim_pool_allocs"] = int(m.group(1)) if m else 0  # no device section: nothing pooled
+        m = re.search(r"^\s*peak reserved \(pool\)\s+([\d.]+ ?[KMGT]?i?B)", text, re.M)
+        rec["shim_peak_reserved"] = m.group(1) if m else None
+        m = re.search(r"^\s*cudaMalloc/cuMemAlloc\s+([\d.]+) us\s+\((\d+) calls\)", text, re.M)
+        rec["shim_alloc_us"] = float(m.group(1)) if m else None
+    print(json.dumps(rec))
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+def table(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    base = {}
+    head = ("scenario", "ms", "x base", "dev MiB", "x base", "torch res MiB", "shim pool", "loss/check")
+    w = (30, 10, 7, 9, 7, 13, 18, 12)
+    print("  ".join(h.ljust(x) if i == 0 else h.rjust(x) for i, (h, x) in enumerate(zip(head, w))))
+    errors = []
+    for r in rows:
+        name = r.get("scenario", "?")
+        group = name.split("/")[0]
+        ms = r.get("ms_per_step_median", r.get("ms_per_chain_median"))
+        mem = r.get("peak_device_used_mib")
+        if group not in base:
+            base[group] = (ms, mem)
+        bms, bmem = base[group]
+        xms = ms / bms if ms is not None and bms else None
+        xmem = mem / bmem if mem is not None and bmem else None
+        pool = "-"
+        if r.get("shim_pool_allocs") is not None:
+            pool = str(r["shim_pool_allocs"])
+            if r.get("shim_peak_reserved"):
+                pool += "/" + r["shim_peak_reserved"]
+        if "error" in r:
+            check = "ERROR"
+            errors.append(f"{name}: {r['error']}")
+        elif r.get("bench") == "torch":
+            check = fmt(r.get("final_loss"), ".5f")
+        elif r.get("check_ok") is True:
+            check = "ok" if r.get("bench") == "cupy" else f"ok {fmt(r.get('final_loss'), '.4f')}"
+        else:
+            check = "FAIL"
+        cells = (name, fmt(ms, ".2f"), fmt(xms, ".2f"), fmt(mem, ".0f"), fmt(xmem, ".2f"),
+                 fmt(r.get("peak_reserved_mib"), ".0f"), pool, check)
+        print("  ".join(c.ljust(x) if i == 0 else c.rjust(x) for i, (c, x) in enumerate(zip(cells, w))))
+    print()
+    print("ms: median per training step (transformer, resnet, ddp2: rank 0) or per array chain (cupy),")
+    print("  after the warm-up; x base: ratio to the group's first row (PyTorch's caching allocator,")
+    print("  CuPy's pool). dev MiB: peak device memory in use (cudaMemGetInfo total - free, probed")
+    print("  during and after every step) minus the value before the model; the one figure comparable")
+    print("  across allocators. torch res MiB: torch.cuda.max_memory_reserved() (none with caching off).")
+    print("shim pool: allocations the shim's pool served / its peak reserved (SOMA_STATS); 0: the shim")
+    print("  pooled nothing; '-': no statistics (not a shim run, or a shim without SOMA_STATS).")
+    print("loss/check: final training loss (seeded: similar across allocators), 'ok' = CuPy results")
+    print("  right / DDP parameters identical on every rank.")
+    if errors:
+        print()
+        print("failed:")
+        for e in errors:
+            print("  " + e)
+
+if sys.argv[1] == "finalize":
+    finalize(sys.argv[2], int(sys.argv[3]), *sys.argv[4:7])
+else:
+    table(sys.argv[2])
+PYEOF
+)
+
+say() { echo "$@" | tee -a "$LOG"; }
+
+say "somashim real-program benchmarks, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+if nvidia-smi -L >/dev/null 2>&1; then
+  NGPU=$(nvidia-smi -L | grep -c '^GPU')
+  say "GPU: $(nvidia-smi -L | head -n 1) (x$NGPU); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
+else
+  NGPU=0
+  say "GPU: nvidia-smi failed (no GPU or no driver): the runs below will report errors"
+fi
+say "python: $($PY -c 'import sys; print(sys.version.split()[0])' 2>&1)"
+say "torch: $($PY -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>&1 | tail -n 1)"
+say "cupy: $($PY -c 'import cupy; print(cupy.__version__)' 2>&1 | tail -n 1)"
+if [ -n "$SHIM" ] && [ -f "$SHIM" ]; then
+  SHIM=$(readlink -f "$SHIM")
+  say "shim: $SHIM (sha256 $(sha256sum "$SHIM" | cut -c1-16), built $(date -u -r "$SHIM" '+%Y-%m-%d %H:%M UTC'))"
+else
+  say "shim: '${SHIM}' not found: the +shim scenarios will report errors (pass path/to/libsomashim.so)"
+  SHIM=
+fi
+if REV=$(git rev-parse --short HEAD 2>/dev/null); then
+  git diff --quiet HEAD -- src 2>/dev/null || REV="$REV + uncommitted changes in src/"
+  say "source: $REV"
+fi
+say "steps: torch $STEPS (resnet $RESNET_STEPS, ddp $DDP_STEPS) after $WARMUP warm-up; cupy $CUPY_CHAINS chains; limit ${T}s each"
+env | grep '^SOMA_' | sed 's/^/setting: /' | tee -a "$LOG"
+
+FAILED=0
+N=0
+
+# scenario NAME [VAR=VALUE...] -- COMMAND...
+scenario() {
+  local name=$1
+  shift
+  local envs=()
+  while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  if [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]]; then
+    return 0
+  fi
+  N=$((N + 1))
+  local f
+  f=$WORK/$(echo "$name" | tr '/+' '__')
+  rm -f "$f.out" "$f.err" "$f.stats"
+  local shimmed=0
+  local e
+  for e in "${envs[@]}"; do [[ $e == LD_PRELOAD=* ]] && shimmed=1; done
+  echo "== [$N] $name: ${envs[*]} $*"
+  local start=$SECONDS rc
+  if [ "$shimmed" = 1 ] && [ -z "$SHIM" ]; then
+    echo "shim library not found" >"$f.err"
+    : >"$f.out"
+    rc=1
+  else
+    timeout -k 10 "$T" env "${envs[@]}" "$@" >"$f.out" 2>"$f.err"
+    rc=$?
+  fi
+  local line
+  line=$($PY -c "$HELPER" finalize "$name" "$rc" "$f.out" "$f.err" "$f.stats" 2>&1 | tail -n 1)
+  case $line in
+    "{"*) ;;
+    *) line="{\"scenario\": \"$name\", \"error\": \"could not read the result\", \"exit_status\": $rc}" ;;
+  esac
+  echo "$line" >>"$JSONL"
+  {
+    echo
+    echo "===== $name (exit status $rc, $((SECONDS - start)) s): ${envs[*]} $*"
+    cat "$f.err"
+    [ -s "$f.stats" ] && { echo "----- SOMA_STATS"; cat "$f.stats"; }
+  } >>"$LOG"
+  if [ "$rc" != 0 ] || [[ $line == *'"error"'* ]]; then
+    FAILED=1
+    echo "   FAILED (exit status $rc, $((SECONDS - start)) s); last lines of stderr:"
+    grep -v '^\s*$' "$f.err" | tail -n 12 | sed 's/^/   | /'
+  else
+    echo "   done in $((SECONDS - start)) s: $(grep -o '"ms_per_[a-z]*_median": [0-9.]*' <<<"$line" | head -n 1)"
+  fi
+}
+
+for model in transformer resnet; do
+  steps=$STEPS
+  [ "$model" = resnet ] && steps=$RESNET_STEPS
+  args=("$PY" scripts/bench_torch.py --model "$model" --steps "$steps" --warmup "$WARMUP")
+  scenario "$model/caching" -- "${args[@]}" --label "$model/caching"
+  scenario "$model/caching-off" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${args[@]}" --label "$model/caching-off"
+  scenario "$model/caching-off+shim" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" \
+    SOMA_STATS="$PWD/$WORK/${model}_caching-off_shim.stats" -- "${args[@]}" --label "$model/caching-off+shim"
+  scenario "$model/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${args[@]}" \
+    --label "$model/cudaMallocAsync"
+done
+
+CUPY=("$PY" scripts/bench_cupy.py --chains "$CUPY_CHAINS" --warmup 5)
+scenario cupy/pool -- "${CUPY[@]}" --mode pool --label cupy/pool
+scenario cupy/nopool -- "${CUPY[@]}" --mode nopool --label cupy/nopool
+scenario cupy/nopool+shim LD_PRELOAD="$SHIM" SOMA_STATS="$PWD/$WORK/cupy_nopool_shim.stats" -- \
+  "${CUPY[@]}" --mode nopool --label cupy/nopool+shim
+
+if [ "$NGPU" -ge 2 ]; then
+  DDP=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2 scripts/bench_ddp.py
+    --steps "$DDP_STEPS" --warmup "$WARMUP" --timeout "$T")
+  scenario ddp2/caching -- "${DDP[@]}" --label ddp2/caching
+  scenario ddp2/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${DDP[@]}" --label ddp2/caching-off
+  scenario ddp2/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" -- "${DDP[@]}" \
+    --label ddp2/caching-off+shim
+else
+  say "DDP: skipped ($NGPU GPU(s); needs 2)"
+fi
+
+echo
+{
+  echo
+  echo "===== table"
+} >>"$LOG"
+$PY -c "$HELPER" table "$JSONL" 2>&1 | tee -a "$LOG"
+echo
+echo "results: $JSONL; log: $LOG"
+exit "$FAILED"
