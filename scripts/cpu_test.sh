@@ -269,7 +269,6 @@ compare "ordering" ordering
 compare "ordering SOMA_FREE_SYNC=1" ordering SOMA_FREE_SYNC=1
 compare "ordering SOMA_POOL=default" ordering SOMA_POOL=default
 compare "free after destroying a stream with pending work" stream_destroy_pending
-compare "ordering, lazy GPU, SOMA_PENDING_FREE_LIMIT=0" ordering FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=0
 compare "SOMA_PENDING_FREE_LIMIT=4MiB, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=4MiB
 compare "SOMA_PENDING_FREE_LIMIT=0, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=0
 # 4. configuration

@@ -97,6 +97,9 @@ static inline int ptr_kind(const void *p) {
  * nothing passes on its own: tests run that way with
  * SOMA_PENDING_FREE_LIMIT=0, so the shim waits for the events itself. */
 static inline void nudge(void) {
+  /* The shim asks the driver about pending frees at most every 20 us while
+   * little is pending (it is costly on a GPU): give that interval time. */
+  usleep(100);
   size_t size = 4096;
   uint64_t lo = env_bytes("SOMA_MIN_BYTES", 1), hi = env_bytes("SOMA_MAX_BYTES", UINT64_MAX);
   if (size < lo) size = lo;
