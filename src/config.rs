@@ -214,7 +214,7 @@ pub static VARIABLES: &[Variable] = &[
         name: "SOMA_PENDING_FREE_LIMIT",
         kind: Kind::Size { allow_total: false },
         default: "256MiB",
-        doc: "Bytes freed but not yet passed by the GPU, per device, before a cudaMalloc that would grow the pool waits for them.",
+        doc: "Bytes freed but not yet passed by the GPU, per device, before cudaMalloc waits for them.",
         store: store_bytes!(pending_free_limit),
     },
     Variable {

@@ -132,10 +132,9 @@ impl Device {
         {
             let mut frees = self.lock_frees();
             self.return_passed(driver, &mut frees, map);
-            // Over the limit, wait only when the pool could not serve this
-            // request from what it already holds: then it would grow.
-            while frees.bytes > self.pending_free_limit && self.idle_bytes_in_pool(driver) < size {
+            while frees.bytes > self.pending_free_limit {
                 log::debug!("device {}: {} bytes of frees pending, over the limit: waiting", self.ordinal, frees.bytes);
+                counters.pending_waits.fetch_add(1, Relaxed);
                 if !self.return_oldest(driver, &mut frees, map) {
                     break;
                 }

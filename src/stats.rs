@@ -17,6 +17,9 @@ pub struct DeviceCounters {
     pub pool_free_bytes: AtomicU64,
     pub in_use: AtomicU64,
     pub peak_in_use: AtomicU64,
+    /// Times an allocation waited on the host for pending frees
+    /// (`SOMA_PENDING_FREE_LIMIT`).
+    pub pending_waits: AtomicU64,
     /// Times the pool was out of memory and the shim waited for frees and trimmed.
     pub oom_retries: AtomicU64,
     /// Times the real allocator served a request the pool could not.
@@ -145,6 +148,7 @@ impl Stats {
                     let _ = writeln!(out, "  {:<28}{:>12}", "peak reserved (pool)", "unavailable");
                 }
             }
+            count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));
         }
