@@ -109,3 +109,17 @@ awk '
     printf "shim peak reserved (proxy): %d MiB; peak in use by the program: one block at a time, so the size itself\n", peak
     printf "  (1024 MiB at most).\n"
   }' "$BUILD/bench.real.out" "$BUILD/bench.reallive.out" "$BUILD/bench.shim.out" "$BUILD/bench.async.out"
+
+# The same figures as CSV (size_bytes,mode,us_per_pair), and the plot of them.
+CSV=${OUT:-$BUILD}/bench.csv
+{
+  echo "size_bytes,mode,us_per_pair"
+  for m in real shim async; do
+    awk -v m="$m" '$1 == "size" {print $2 "," m "," $4}' "$BUILD/bench.$m.out"
+  done
+} >"$CSV"
+if python3 scripts/plot_bench.py "$CSV" "${OUT:-$BUILD}/bench.png" >/dev/null 2>&1; then
+  echo "csv: $CSV; plot: ${OUT:-$BUILD}/bench.png"
+else
+  echo "csv: $CSV (no plot: scripts/plot_bench.py needs matplotlib)"
+fi
