@@ -3,6 +3,7 @@
 SHELL := /bin/bash
 CUDA_RUNTIME_PIN := 13.0.96
 CUDA_CRT_PIN := 13.0.88
+CUDA12_RUNTIME_PIN := 12.9.79
 BUILD := build
 CUDA_HEADERS := $(BUILD)/cuda/nvidia/cu13/include
 SHIM ?=
@@ -10,7 +11,7 @@ SHIM_LIB := $(if $(SHIM),$(SHIM),target/release/libsomashim.so)
 
 PREFIX ?= /usr/local
 
-.PHONY: test gpu-test demo bench install headers shim clean
+.PHONY: test gpu-test gpu-test-cuda12 cuda12-runtime demo bench install headers shim clean
 
 # Real CUDA 13.0 headers for the CPU test double, from the pinned pip packages
 # (the runtime's, and crt/ which cuda_runtime_api.h includes).
@@ -31,6 +32,17 @@ test: headers
 
 gpu-test: shim
 	scripts/gpu_test.sh $(SHIM_LIB)
+
+# The shim under the CUDA 12 runtime (shared and static); needs build/cu12,
+# which `make cuda12-runtime` fetches (carry it to a machine without network).
+gpu-test-cuda12: shim
+	scripts/cuda12_test.sh $(SHIM_LIB) $(BUILD)/cu12
+
+cuda12-runtime: $(BUILD)/cu12/nvidia/cuda_runtime/lib/libcudart.so.12
+$(BUILD)/cu12/nvidia/cuda_runtime/lib/libcudart.so.12:
+	rm -rf $(BUILD)/cu12
+	python3 -m pip install --quiet --no-deps --disable-pip-version-check --root-user-action=ignore \
+		--target $(BUILD)/cu12 nvidia-cuda-runtime-cu12==$(CUDA12_RUNTIME_PIN)
 
 demo: shim
 	scripts/demo.sh $(SHIM_LIB)

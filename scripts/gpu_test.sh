@@ -547,6 +547,19 @@ else
   fi
 fi
 
+# ---- the CUDA 12 runtime (shared and static), if build/cu12 is here --------------
+if wanted cuda12; then
+  while read -r verdict name rest; do
+    detail=${rest#(}
+    detail=${detail%)}
+    case $verdict in
+      PASS) pass "$name" "$detail" ;;
+      FAIL) fail "${name%:}" "$rest" ;;
+      SKIP) skip "$name" "$detail" ;;
+    esac
+  done < <(scripts/cuda12_test.sh "$SHIM" build/cu12 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP) ')
+fi
+
 if [ ${#FAILED_NAMES[@]} -gt 0 ]; then say "# failed: ${FAILED_NAMES[*]}"; fi
 say "# full log: $LOG"
 say "$PASS passed, $FAIL failed, $SKIP skipped"
