@@ -80,12 +80,13 @@ ln -sf libcuda.so.1 "$FAKE/libcuda.so"
 build "$FAKE/libcudart.so.13" -fPIC -shared -Wl,-soname,libcudart.so.13 -Wl,-Bsymbolic c_tests/fake/fake_runtime.c \
   -L"$FAKE" -lcuda -ldl -lpthread
 ln -sf libcudart.so.13 "$FAKE/libcudart.so"
-CUDA_TESTS=(routing ptrmap ordering stream_destroy_pending config threads oom pending_limit nopools reset peer capture)
+CUDA_TESTS=(routing ptrmap ordering stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
 build "$BIN/nocuda" c_tests/cpu/nocuda.c -ldl
 build "$BIN/static_runtime" c_tests/cpu/static_runtime.c -ldl
+
 build "$BIN/libnext_a.so" -fPIC -shared c_tests/cpu/dlsym_next_a.c -ldl
 build "$BIN/libnext_b.so" -fPIC -shared c_tests/cpu/dlsym_next_b.c
 build "$BIN/dlsym_next" c_tests/cpu/dlsym_next.c -L"$BIN" -Wl,--no-as-needed -lnext_a -lnext_b \
@@ -325,6 +326,28 @@ compare "stream capture" capture
 # the driver front door: a program with the static runtime
 compare "static runtime (driver entry points by cuGetProcAddress)" static_runtime
 compare "static runtime, SOMA_DISABLE=1" static_runtime SOMA_DISABLE=1
+
+# SOMA_PASSTHROUGH_CALLERS (by the calling object's name) and the SOMA_STATS table
+compare "passthrough callers: this program" callers SOMA_PASSTHROUGH_CALLERS=callers EXPECT_POOLED=0 \
+  "SOMA_STATS=$RUNS/callers-listed.stats"
+compare "passthrough callers: another library" callers SOMA_PASSTHROUGH_CALLERS=libother,libnccl EXPECT_POOLED=1 \
+  "SOMA_STATS=$RUNS/callers-other.stats"
+# The count on a row of the table: the first field after the row's name.
+stats_row() { awk -v k="$2" 'index($0, k) == 3 {split(substr($0, 3 + length(k)), f, " "); print f[1]; exit}' "$1" 2>/dev/null; }
+if wanted "stats table"; then
+  # 10 pairs and the nudge's: 11 allocations each way (the natively run one writes no table).
+  listed=$(stats_row "$RUNS/callers-listed.stats" Caller)
+  pooled=$(stats_row "$RUNS/callers-other.stats" "pool allocations")
+  frees=$(stats_row "$RUNS/callers-other.stats" "pool frees")
+  if [ "$listed" = 11 ] && [ "$pooled" = 11 ] && [ "$frees" = 11 ]; then
+    PASSED=$((PASSED + 1))
+    echo "PASS stats table (11 passed through with reason Caller; 11 pool allocations and frees)"
+  else
+    FAILED=$((FAILED + 1))
+    echo "FAIL stats table: Caller row '${listed:-}', pool allocations '${pooled:-}', pool frees '${frees:-}' (want 11 each)"
+    sed 's/^/    /' "$RUNS/callers-listed.stats" "$RUNS/callers-other.stats" 2>/dev/null | head -n 30
+  fi
+fi
 
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" -eq 0 ]

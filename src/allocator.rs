@@ -247,15 +247,10 @@ impl Allocator {
     /// in-use peak (kept for when the pool cannot be asked at exit), and the
     /// exit report once.
     fn observe(&self, driver: &Driver, device: &Device, op: Op, size: u64, ptr: u64, in_use: u64) {
-        let reporting = self.config.stats != StatsOutput::Off || self.trace.is_some();
-        if !reporting {
+        if !self.reporting() {
             return;
         }
-        static REGISTER: Once = Once::new();
-        // SAFETY: at_exit is a plain extern "C" fn with no arguments.
-        REGISTER.call_once(|| unsafe {
-            libc::atexit(at_exit);
-        });
+        self.report_at_exit();
         let counters = self.stats.device(device.ordinal);
         if in_use >= counters.peak_in_use.load(Ordering::Relaxed) {
             if let Some(peaks) = device.peaks(driver) {
@@ -264,6 +259,23 @@ impl Allocator {
         }
         if let Some(trace) = &self.trace {
             trace.record(device.ordinal, op, size, ptr, in_use, device.reserved(driver));
+        }
+    }
+
+    fn reporting(&self) -> bool {
+        self.config.stats != StatsOutput::Off || self.trace.is_some()
+    }
+
+    /// Arranges the `SOMA_STATS` table for exit, once. Called after a CUDA
+    /// call has initialised the runtime, so that the report runs before the
+    /// runtime's own exit handler (they run in reverse order).
+    pub fn report_at_exit(&self) {
+        static REGISTER: Once = Once::new();
+        if self.reporting() {
+            // SAFETY: at_exit is a plain extern "C" fn with no arguments.
+            REGISTER.call_once(|| unsafe {
+                libc::atexit(at_exit);
+            });
         }
     }
 

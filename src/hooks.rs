@@ -43,6 +43,7 @@ pub unsafe fn malloc(
             log::trace!("allocation of {size} bytes passed through: {reason:?}");
             allocator.stats.passed_through(reason, size as u64);
             let rc = real();
+            allocator.report_at_exit();
             if reason == Passthrough::PoolOutOfMemory && rc == SUCCESS {
                 let device = driver::loaded().and_then(|d| d.current_device().ok()).unwrap_or(0);
                 allocator.stats.device(device).oom_fallbacks.fetch_add(1, Relaxed);
