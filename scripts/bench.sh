@@ -25,32 +25,15 @@ ARCH=${GPU_ARCH:-sm_90}
 BUILD=build/gpu
 T=${BENCH_TIMEOUT:-300}
 
-if ! command -v "$NVCC" >/dev/null 2>&1; then
-  echo "bench: needs nvcc and an NVIDIA GPU: nvcc not found, nothing run"
-  exit 1
-fi
-if ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "bench: needs nvcc and an NVIDIA GPU: nvidia-smi failed (no GPU or no driver), nothing run"
-  exit 1
-fi
-if [ -z "$SHIM_ARG" ] || [ ! -f "$SHIM_ARG" ]; then
-  echo "bench: shim library '${SHIM_ARG}' not found (build it, or pass SHIM=path/to/libsomashim.so)"
-  exit 1
-fi
-SHIM=$(readlink -f "$SHIM_ARG")
+# shellcheck source=scripts/gpu_common.sh
+. scripts/gpu_common.sh
+require_gpu bench "$SHIM_ARG"
 mkdir -p "$BUILD"
 LOG=${OUT:-$BUILD}/bench.log
 mkdir -p "$(dirname "$LOG")"
 exec > >(tee "$LOG") 2>&1
 
-NVCC_DIR=$(dirname "$(readlink -f "$(command -v "$NVCC")")")
-RPATH=()
-for d in "$NVCC_DIR/../lib64" "$NVCC_DIR/../lib" "$NVCC_DIR/../targets/x86_64-linux/lib"; do
-  if ls "$d"/libcudart.so.* >/dev/null 2>&1; then
-    RPATH=(-Xlinker -rpath -Xlinker "$(readlink -f "$d")")
-    break
-  fi
-done
+cudart_rpath
 if ! "$NVCC" -O2 -arch="$ARCH" -cudart shared "${RPATH[@]}" -o "$BUILD/churn" c_tests/bench/churn.cu -lcuda -lpthread \
   >"$BUILD/churn.build.log" 2>&1; then
   echo "bench: building c_tests/bench/churn.cu failed:"

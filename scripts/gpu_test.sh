@@ -74,15 +74,9 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 
-# libcudart.so.13 next to the compiler, in case the loader does not know it.
-NVCC_DIR=$(dirname "$(readlink -f "$(command -v "$NVCC")")")
-RPATH=()
-for d in "$NVCC_DIR/../lib64" "$NVCC_DIR/../lib" "$NVCC_DIR/../targets/x86_64-linux/lib"; do
-  if [ -e "$d/libcudart.so.13" ] || ls "$d"/libcudart.so.* >/dev/null 2>&1; then
-    RPATH=(-Xlinker -rpath -Xlinker "$(readlink -f "$d")")
-    break
-  fi
-done
+# shellcheck source=scripts/gpu_common.sh
+. scripts/gpu_common.sh
+cudart_rpath
 
 say "# somashim GPU test suite, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 say "# shim: $SHIM ($(sha256sum "$SHIM" | cut -c1-16))"
