@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::caller::CallerFilter;
 use crate::config::{Config, StatsOutput};
@@ -72,8 +72,8 @@ pub enum Freed {
     Issued { device: i32 },
     /// The pool's pointer, queued until no capture is in progress.
     Deferred,
-    /// The pool's pointer, already freed: a double free.
-    AlreadyFreed,
+    /// The pool's pointer, already freed and not yet back in the pool.
+    DoubleFree,
     /// Not the pool's: the real free must handle it.
     NotOurs,
 }
@@ -132,8 +132,17 @@ fn init_logging(config: &Config) {
 
 /// A poisoned lock only means a panic was caught at an export; every update
 /// under these locks is a single insert or removal, so the data is consistent.
+/// (`lock`, `read`, `write`: take the lock whatever.)
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Allocator {
@@ -151,7 +160,7 @@ impl Allocator {
     }
 
     pub fn capture_in_progress(&self) -> bool {
-        !self.captures.read().unwrap_or_else(|p| p.into_inner()).is_empty()
+        !read(&self.captures).is_empty()
     }
 
     /// Allocates `size` bytes in the current context's device pool for the
@@ -184,7 +193,7 @@ impl Allocator {
     /// Frees `ptr` if the pool gave it out. During a capture the free is
     /// queued: recording events then could join or break the capture.
     pub fn free(&self, driver: &Driver, ptr: u64) -> Freed {
-        let captures = self.captures.read().unwrap_or_else(|p| p.into_inner());
+        let captures = read(&self.captures);
         if let Some(block) = self.map.live_block(ptr) {
             if !self.is_current_incarnation(driver, block.device) {
                 // Its memory went with the reset: the real free answers.
@@ -194,7 +203,7 @@ impl Allocator {
         }
         let block = match self.map.claim_for_free(ptr) {
             Claim::Live(block) => block,
-            Claim::Pending => return Freed::AlreadyFreed,
+            Claim::Pending => return Freed::DoubleFree,
             Claim::Unknown => return Freed::NotOurs,
         };
         self.freed(driver, Op::Free, ptr, block);
@@ -230,7 +239,7 @@ impl Allocator {
                 }
                 Freed::Issued { device: block.device }
             }
-            Claim::Pending => Freed::AlreadyFreed,
+            Claim::Pending => Freed::DoubleFree,
             Claim::Unknown => Freed::NotOurs,
         }
     }
@@ -341,7 +350,7 @@ impl Allocator {
         if !self.has_deferred.load(Ordering::Acquire) {
             return;
         }
-        let captures = self.captures.read().unwrap_or_else(|p| p.into_inner());
+        let captures = read(&self.captures);
         if !captures.is_empty() {
             return;
         }
@@ -356,7 +365,7 @@ impl Allocator {
     }
 
     fn known_device(&self, ordinal: i32) -> Option<Arc<Device>> {
-        let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
+        let devices = read(&self.devices);
         match devices.get(usize::try_from(ordinal).ok()?) {
             Some(DeviceSlot::Pooled(device)) => Some(Arc::clone(device)),
             _ => None,
@@ -368,12 +377,12 @@ impl Allocator {
         let ordinal = driver.current_device().map_err(|_| Passthrough::NoContext)?;
         let index = usize::try_from(ordinal).map_err(|_| Passthrough::NoContext)?;
         let known = {
-            let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
+            let devices = read(&self.devices);
             devices.get(index).cloned().unwrap_or_default()
         };
         let slot = match known {
             DeviceSlot::Unseen => {
-                let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+                let mut devices = write(&self.devices);
                 if devices.len() <= index {
                     devices.resize(index + 1, DeviceSlot::Unseen);
                 }
@@ -481,13 +490,13 @@ impl Allocator {
     }
 
     fn is_capturing(&self, stream: Stream) -> bool {
-        let captures = self.captures.read().unwrap_or_else(|p| p.into_inner());
+        let captures = read(&self.captures);
         captures.keys().any(|(s, _)| *s == stream.0 as usize)
     }
 
     /// Runs the real `begin` with captures locked, recording it if it succeeded.
     pub fn begin_capture(&self, stream: Stream, begin: impl FnOnce() -> bool) {
-        let mut captures = self.captures.write().unwrap_or_else(|p| p.into_inner());
+        let mut captures = write(&self.captures);
         if begin() {
             *captures.entry(capture_key(stream)).or_insert(0) += 1;
         }
@@ -496,7 +505,7 @@ impl Allocator {
     /// Runs the real `end`; the capture is over whatever it returns.
     pub fn end_capture<T>(&self, driver: Option<&Driver>, stream: Stream, end: impl FnOnce() -> T) -> T {
         let result = {
-            let mut captures = self.captures.write().unwrap_or_else(|p| p.into_inner());
+            let mut captures = write(&self.captures);
             let result = end();
             let key = capture_key(stream);
             if let Some(count) = captures.get_mut(&key) {
@@ -535,7 +544,7 @@ impl Allocator {
     /// returns its pool and the blocks never returned to it, if it had one.
     fn forget_device(&self, ordinal: i32) -> Option<(Arc<Device>, Vec<u64>)> {
         let removed = {
-            let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+            let mut devices = write(&self.devices);
             let slot = usize::try_from(ordinal).ok().and_then(|i| devices.get_mut(i));
             match slot.map(std::mem::take) {
                 Some(DeviceSlot::Pooled(device)) => Some(device),

@@ -54,6 +54,7 @@ handle!(Pool);
 impl Stream {
     /// The legacy default stream of the current context (`CU_STREAM_LEGACY`):
     /// work recorded there waits for all blocking streams.
+    #[allow(clippy::manual_dangling_ptr)] // 1 is the driver's CU_STREAM_LEGACY, not an address
     pub const LEGACY: Stream = Stream(1 as *mut c_void);
 }
 

@@ -140,7 +140,7 @@ pub fn free(
             SUCCESS
         }
         Freed::Deferred => SUCCESS,
-        Freed::AlreadyFreed => invalid_value(),
+        Freed::DoubleFree => invalid_value(),
         Freed::NotOurs => {
             allocator.stats.passed_frees.fetch_add(1, Relaxed);
             real()
@@ -152,7 +152,7 @@ pub fn free(
 /// the order of its stream. The real function does it; the map forgets it.
 pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
     let allocator = allocator::get();
-    if !allocator.config.disable && allocator.forget(driver::loaded(), ptr) == Freed::AlreadyFreed {
+    if !allocator.config.disable && allocator.forget(driver::loaded(), ptr) == Freed::DoubleFree {
         return invalid_value();
     }
     real()
