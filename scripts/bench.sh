@@ -52,9 +52,11 @@ timeout "$T" "$BUILD/churn" real >"$BUILD/bench.real.out" 2>"$BUILD/bench.real.e
 timeout "$T" env CHURN_LIVE_BLOCK=1 "$BUILD/churn" real >"$BUILD/bench.reallive.out" 2>"$BUILD/bench.reallive.err" || fail=1
 timeout "$T" env LD_PRELOAD="$SHIM" "$BUILD/churn" real >"$BUILD/bench.shim.out" 2>"$BUILD/bench.shim.err" || fail=1
 timeout "$T" "$BUILD/churn" async >"$BUILD/bench.async.out" 2>"$BUILD/bench.async.err" || fail=1
+timeout "$T" env SOMA_FREE_SYNC=1 LD_PRELOAD="$SHIM" "$BUILD/churn" real >"$BUILD/bench.shimsync.out" \
+  2>"$BUILD/bench.shimsync.err" || fail=1
 if [ "$fail" != 0 ]; then
   echo "bench: a run failed:"
-  for m in real reallive shim async; do
+  for m in real reallive shim async shimsync; do
     echo "--- $m:"
     cat "$BUILD/bench.$m.out" "$BUILD/bench.$m.err"
   done
@@ -69,29 +71,33 @@ awk '
     if (b >= 1024) return sprintf("%d KiB", b / 1024)
     return sprintf("%d B", b)
   }
-  FNR == 1 { mode++ }   # 1 real, 2 real with a live block, 3 shim, 4 async
-  $1 == "size"  { if (mode == 1) order[++n] = $2; us[mode, $2] = $4; mem[mode, $2] = $8; memsync[mode, $2] = $9 }
-  $1 == "stall" { stall[mode] = $3 }
+  function row(name, k, used, in_use) {
+    r = us[1, k]; rl = us[2, k]; m = us[3, k]; a = us[4, k]; y = us[5, k]
+    ratio = (in_use > 0 && used != "") ? sprintf("%.2f", used / in_use) : "-"
+    printf "%-12s %9.2f %9.2f %9.2f %9.2f %9.2f %9.1fx %9.2fx %9s\n", name, r, rl, m, a, y, (m > 0 ? r / m : 0), (a > 0 ? m / a : 0), ratio
+  }
+  FNR == 1 { mode++ }   # 1 real, 2 real with a live block, 3 shim, 4 async, 5 shim with SOMA_FREE_SYNC=1
+  $1 == "size"     { if (mode == 1) order[++n] = $2; us[mode, $2] = $4; used[mode, $2] = ($8 > $9 ? $8 : $9) }
+  $1 == "scenario" { if (mode == 1) sorder[++ns] = $2; us[mode, $2] = $4; used[mode, $2] = $10; inuse[$2] = $8 }
+  $1 == "stall"    { us[mode, "stall"] = $3 }
   END {
-    printf "%-9s %9s %11s %9s %9s %10s %10s %12s\n", "size", "real us", "real* us", "shim us", "async us", "real/shim", "shim/async", "shim mem MiB"
-    for (i = 1; i <= n; i++) {
-      s = order[i]; r = us[1, s]; rl = us[2, s]; m = us[3, s]; a = us[4, s]
-      printf "%-9s %9.2f %11.2f %9.2f %9.2f %9.1fx %9.2fx %12s\n", human(s), r, rl, m, a, (m > 0 ? r / m : 0), (a > 0 ? m / a : 0), mem[3, s] "/" memsync[3, s]
-      if (mem[3, s] + 0 > peak) peak = mem[3, s] + 0
-      if (memsync[3, s] + 0 > peak) peak = memsync[3, s] + 0
-    }
-    r = stall[1]; rl = stall[2]; m = stall[3]; a = stall[4]
-    printf "%-9s %9.2f %11.2f %9.2f %9.2f %9.1fx %9.2fx\n", "stall", r, rl, m, a, (m > 0 ? r / m : 0), (a > 0 ? m / a : 0)
+    printf "%-12s %9s %9s %9s %9s %9s %10s %10s %9s\n", "scenario", "real us", "real* us", "shim us", "async us", "sync us", "real/shim", "shim/async", "shim r/u"
+    for (i = 1; i <= n; i++) { k = order[i]; row(human(k), k, used[3, k], (k < 1048576 ? 1048576 : k) / 1048576) }
+    for (i = 1; i <= ns; i++) { k = sorder[i]; row(k, k, used[3, k], inuse[k]) }
+    row("stall", "stall", "", 0)
     printf "\n"
-    printf "us: host time of one iteration (alloc + 1-block kernel + free), median after warm-up.\n"
-    printf "real*: the real allocator while the program keeps one 4 KiB block allocated (it then keeps its\n"
-    printf "  chunk for small sizes instead of releasing it at every cudaFree). real/shim uses the plain real.\n"
-    printf "stall: host time of a 256 B alloc/free pair while a ~1 ms kernel runs on a non-blocking stream.\n"
-    printf "shim mem MiB: device memory in use beyond the start of the shim run (cudaMemGetInfo total-free,\n"
-    printf "  a proxy for what the pool keeps reserved), sampled right after that size'\''s loop / after a sync.\n"
-    printf "shim peak reserved (proxy): %d MiB; peak in use by the program: one block at a time, so the size itself\n", peak
-    printf "  (1024 MiB at most).\n"
-  }' "$BUILD/bench.real.out" "$BUILD/bench.reallive.out" "$BUILD/bench.shim.out" "$BUILD/bench.async.out"
+    printf "us: host time of one alloc+free (sizes: with a 1-block kernel between them), median after warm-up.\n"
+    printf "real: the program natively; real*: natively with one 4 KiB block kept allocated (the real allocator\n"
+    printf "  then keeps its chunk for small sizes); shim: under LD_PRELOAD; async: rewritten with\n"
+    printf "  cudaMallocAsync/cudaFreeAsync on one stream (threshold max); sync: the shim with SOMA_FREE_SYNC=1.\n"
+    printf "nlp: 8 live blocks of 4 KiB..128 MiB, the oldest freed each time; threads4: 4 host threads churning\n"
+    printf "  1 MiB blocks; streams4x4G: four 4 GiB blocks live, one per stream (time of a whole round);\n"
+    printf "  stall: a 256 B pair while a ~1 ms kernel runs on a non-blocking stream.\n"
+    printf "shim r/u: peak device memory used beyond the start of the shim run (cudaMemGetInfo, a proxy for\n"
+    printf "  the pool'\''s reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held\n"
+    printf "  (sizes: the size itself, at least 1 MiB).\n"
+  }' "$BUILD/bench.real.out" "$BUILD/bench.reallive.out" "$BUILD/bench.shim.out" "$BUILD/bench.async.out" \
+  "$BUILD/bench.shimsync.out"
 
 # The same figures as CSV (size_bytes,mode,us_per_pair), and the plot of them.
 CSV=${OUT:-$BUILD}/bench.csv

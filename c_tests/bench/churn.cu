@@ -17,10 +17,24 @@
  * CHURN_NO_STREAM=1 makes the idle non-blocking stream only after the size
  * loops.
  *
+ * Scenarios after the size loops (host time of one alloc+free pair, median):
+ *   nlp        varying sizes as NLP workloads make: 8 blocks live in a ring,
+ *              each iteration frees the oldest and allocates 4 KiB..128 MiB
+ *              (seeded random, log-uniform), touched by a kernel
+ *   threads4   4 host threads, each churning 1 MiB blocks on its own
+ *              non-blocking stream
+ *   streams4x4G  4 blocks of 4 GiB live at once, one per non-blocking stream,
+ *              a kernel on each, then all freed (time of the whole round)
+ * Each also reports the peak bytes the program held and the peak of
+ * cudaMemGetInfo's "used" over its start (sampled during the loop): their
+ * ratio is the reserved-over-in-use proxy.
+ *
  * Output lines (parsed by bench.sh):
  *   size <bytes> median_us <x> reps <n> used_delta_mib <loop> <after sync>
+ *   scenario <name> median_us <x> reps <n> peak_in_use_mib <a> peak_used_mib <b>
  *   stall median_us <x> reps <n> */
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,8 +80,115 @@ __global__ void spin_ns(unsigned long long ns) {
   } while (t - t0 < ns);
 }
 
+/* The allocator under test: the real (or preloaded) cudaMalloc/cudaFree, or
+ * the stream-ordered pair on `s`. */
+static int g_async = 0;
+static void alloc_on(void **p, size_t n, cudaStream_t s) {
+  if (g_async) CK(cudaMallocAsync(p, n, s));
+  else CK(cudaMalloc(p, n));
+}
+static void release_on(void *p, cudaStream_t s) {
+  if (g_async) CK(cudaFreeAsync(p, s));
+  else CK(cudaFree(p));
+}
+static uint64_t g_rng = 88172645463325252ULL;
+static uint64_t next_random(void) {
+  g_rng ^= g_rng << 13;
+  g_rng ^= g_rng >> 7;
+  g_rng ^= g_rng << 17;
+  return g_rng;
+}
+static void report(const char *name, double *t, int reps, double peak_in_use, long long peak_used) {
+  printf("scenario %s median_us %.2f reps %d peak_in_use_mib %.0f peak_used_mib %.0f\n", name, median(t, reps), reps,
+         peak_in_use / 1048576.0, peak_used / 1048576.0);
+  fflush(stdout);
+}
+
+/* nlp: a ring of 8 live blocks of varying sizes. */
+static void scenario_nlp(cudaStream_t s, long long base, double *t) {
+  enum { LIVE = 8, REPS = 2000, WARM = 50 };
+  void *ring[LIVE] = {0};
+  size_t ring_size[LIVE] = {0};
+  double live = 0, peak_in_use = 0;
+  long long peak_used = 0;
+  for (int r = -WARM; r < REPS; r++) {
+    int slot = (r + WARM) % LIVE;
+    size_t n = (4096ULL << (next_random() % 15));
+    n += next_random() % n;
+    double t0 = now_us();
+    if (ring[slot]) release_on(ring[slot], s);
+    alloc_on(&ring[slot], n, s);
+    touch<<<1, 32, 0, s>>>((unsigned *)ring[slot], (unsigned)r);
+    double dt = now_us() - t0;
+    live += (double)n - (double)ring_size[slot];
+    ring_size[slot] = n;
+    if (r >= 0) {
+      t[r] = dt;
+      if (live > peak_in_use) peak_in_use = live;
+      if (r % 50 == 0 && used_now() - base > peak_used) peak_used = used_now() - base;
+    }
+  }
+  for (int i = 0; i < LIVE; i++) release_on(ring[i], s);
+  CK(cudaDeviceSynchronize());
+  report("nlp", t, REPS, peak_in_use, peak_used);
+}
+
+/* threads4: four host threads churning 1 MiB blocks on their own streams. */
+enum { THREADS = 4, THREAD_REPS = 1000 };
+static double g_thread_times[THREADS * THREAD_REPS];
+static void *churn_thread(void *arg) {
+  int id = (int)(intptr_t)arg;
+  CK(cudaSetDevice(0));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int r = -50; r < THREAD_REPS; r++) {
+    void *p = NULL;
+    double t0 = now_us();
+    alloc_on(&p, 1 << 20, s);
+    touch<<<1, 32, 0, s>>>((unsigned *)p, (unsigned)r);
+    release_on(p, s);
+    if (r >= 0) g_thread_times[id * THREAD_REPS + r] = now_us() - t0;
+  }
+  CK(cudaStreamSynchronize(s));
+  CK(cudaStreamDestroy(s));
+  return NULL;
+}
+static void scenario_threads(long long base) {
+  pthread_t th[THREADS];
+  for (int i = 0; i < THREADS; i++) pthread_create(&th[i], NULL, churn_thread, (void *)(intptr_t)i);
+  for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+  long long used = used_now() - base;
+  CK(cudaDeviceSynchronize());
+  report("threads4", g_thread_times, THREADS * THREAD_REPS, THREADS * 1048576.0, used);
+}
+
+/* streams4x4G: four 4 GiB blocks live at once, one per stream. */
+static void scenario_streams(long long base, double *t) {
+  enum { N = 4, REPS = 20, WARM = 3 };
+  const size_t size = 4ULL << 30;
+  cudaStream_t st[N];
+  for (int i = 0; i < N; i++) CK(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking));
+  long long peak_used = 0;
+  for (int r = -WARM; r < REPS; r++) {
+    void *b[N];
+    double t0 = now_us();
+    for (int i = 0; i < N; i++) {
+      alloc_on(&b[i], size, st[i]);
+      touch<<<1, 32, 0, st[i]>>>((unsigned *)b[i], (unsigned)r);
+    }
+    if (used_now() - base > peak_used) peak_used = used_now() - base;
+    for (int i = 0; i < N; i++) release_on(b[i], st[i]);
+    double dt = now_us() - t0;
+    if (r >= 0) t[r] = dt;
+  }
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < N; i++) CK(cudaStreamDestroy(st[i]));
+  report("streams4x4G", t, REPS, (double)N * size, peak_used);
+}
+
 int main(int argc, char **argv) {
   int async = argc > 1 && strcmp(argv[1], "async") == 0;
+  g_async = async;
   if (argc < 2 || (!async && strcmp(argv[1], "real") != 0)) {
     fprintf(stderr, "usage: %s real|async\n", argv[0]);
     return 2;
@@ -124,6 +245,10 @@ int main(int argc, char **argv) {
            loop / 1048576.0, after / 1048576.0);
     fflush(stdout);
   }
+
+  scenario_nlp(s, base, t);
+  scenario_threads(base);
+  scenario_streams(base, t);
 
   /* Host stall: a 256 B alloc/free pair while ~1 ms of work runs on another,
    * non-blocking stream. */
