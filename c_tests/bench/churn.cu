@@ -15,7 +15,8 @@
  *
  * Environment: CHURN_LIVE_BLOCK=1 keeps one 4 KiB block allocated throughout;
  * CHURN_NO_STREAM=1 makes the idle non-blocking stream only after the size
- * loops.
+ * loops; CHURN_ONLY_THREADS=1 runs only the threads scenario (with
+ * CHURN_THREADS and CHURN_THREAD_LEGACY, see there).
  *
  * Scenarios after the size loops (host time of one alloc+free pair, median):
  *   nlp        varying sizes as NLP workloads make: 8 blocks live in a ring,
@@ -133,14 +134,17 @@ static void scenario_nlp(cudaStream_t s, long long base, double *t) {
   report("nlp", t, REPS, peak_in_use, peak_used);
 }
 
-/* threads4: four host threads churning 1 MiB blocks on their own streams. */
-enum { THREADS = 4, THREAD_REPS = 1000 };
-static double g_thread_times[THREADS * THREAD_REPS];
+/* threads4: four host threads churning 1 MiB blocks on their own streams
+ * (CHURN_THREADS=n: n threads; CHURN_THREAD_LEGACY=1: all on the legacy
+ * stream, which tells the cost of many streams from that of many threads). */
+enum { MAX_THREADS = 16, THREAD_REPS = 1000 };
+static double g_thread_times[MAX_THREADS * THREAD_REPS];
+static int g_threads = 4, g_thread_legacy = 0;
 static void *churn_thread(void *arg) {
   int id = (int)(intptr_t)arg;
   CK(cudaSetDevice(0));
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = 0;
+  if (!g_thread_legacy) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (int r = -50; r < THREAD_REPS; r++) {
     void *p = NULL;
     double t0 = now_us();
@@ -150,16 +154,21 @@ static void *churn_thread(void *arg) {
     if (r >= 0) g_thread_times[id * THREAD_REPS + r] = now_us() - t0;
   }
   CK(cudaStreamSynchronize(s));
-  CK(cudaStreamDestroy(s));
+  if (s) CK(cudaStreamDestroy(s));
   return NULL;
 }
 static void scenario_threads(long long base) {
-  pthread_t th[THREADS];
-  for (int i = 0; i < THREADS; i++) pthread_create(&th[i], NULL, churn_thread, (void *)(intptr_t)i);
-  for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+  const char *n = getenv("CHURN_THREADS"), *l = getenv("CHURN_THREAD_LEGACY");
+  if (n && atoi(n) > 0 && atoi(n) <= MAX_THREADS) g_threads = atoi(n);
+  g_thread_legacy = l && *l && strcmp(l, "0") != 0;
+  pthread_t th[MAX_THREADS];
+  for (int i = 0; i < g_threads; i++) pthread_create(&th[i], NULL, churn_thread, (void *)(intptr_t)i);
+  for (int i = 0; i < g_threads; i++) pthread_join(th[i], NULL);
   long long used = used_now() - base;
   CK(cudaDeviceSynchronize());
-  report("threads4", g_thread_times, THREADS * THREAD_REPS, THREADS * 1048576.0, used);
+  char name[32];
+  snprintf(name, sizeof name, "threads%d%s", g_threads, g_thread_legacy ? "-legacy" : "");
+  report(name, g_thread_times, g_threads * THREAD_REPS, g_threads * 1048576.0, used);
 }
 
 /* streams4x4G: four 4 GiB blocks live at once, one per stream. */
@@ -246,6 +255,11 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
 
+  const char *only = getenv("CHURN_ONLY_THREADS");
+  if (only && *only && strcmp(only, "0") != 0) {
+    scenario_threads(base);
+    return 0;
+  }
   scenario_nlp(s, base, t);
   scenario_threads(base);
   scenario_streams(base, t);
