@@ -9,24 +9,25 @@
 //! keeps the block in a queue of *pending frees*. Once the host sees an
 //! entry's done event passed, the block goes back to the pool with
 //! `cuMemFreeAsync` on the shim's *pool stream*, which never carries anything
-//! but allocations and such frees. One event per free keeps each check to one
+//! but allocations and such frees.
+//!
+//! The pool stream is idle, so the pool takes a block back at once and the
+//! next allocation on it reuses it; and an allocation on it has nothing to
+//! wait for, so it is usable at once from every stream. (Measured: a pool
+//! almost never reuses a block freed behind a cross-stream event wait, so
+//! freeing in GPU order would make the pool grow instead; see
+//! docs/probe-reuse-h200.txt.) One done event per free keeps each check to one
 //! driver query (a query costs 0.7 to 2.9 us), and the join stream runs in
-//! order, so a passed entry proves every earlier one passed. That stream is idle, so
-//! the pool takes the block back at once and the next allocation on it reuses
-//! it; and an allocation on it has nothing to wait for, so it is usable at once
-//! from every stream. (Measured: a pool reuses a block freed behind a
-//! cross-stream event wait almost never, so ordering on the GPU would make the
-//! pool grow instead; see docs/probe-reuse-h200.txt.)
+//! order, so a passed entry proves every earlier one passed.
 //!
 //! Pending bytes are bounded by `SOMA_PENDING_FREE_LIMIT`: past it, an
 //! allocation waits on the host for the oldest frees, so the pool stays close
 //! to what is in use.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-use std::sync::atomic::Ordering::Relaxed;
 
 use cudarc::driver::sys::CUmemPool_attribute;
 
@@ -53,8 +54,8 @@ pub struct Device {
 }
 
 /// Asking whether frees have passed costs a driver call that also flushes
-/// batched launches (measured 0.7 to 2.9 us per cudaMalloc/cudaFree pair,
-/// docs/probe-facts). While little is pending, it is asked at most this often.
+/// batched launches (measured: 0.7 to 2.9 us, scripts/probe/query_cost.cu).
+/// While little is pending, it is asked at most this often.
 const PROBE_INTERVAL: Duration = Duration::from_micros(20);
 
 /// Frees waiting for the work issued before them, in the order of the frees.
