@@ -3,7 +3,8 @@
 # run three ways:
 #   real   cudaMalloc/cudaFree, natively (also with one small block kept
 #          allocated throughout: "real*")
-#   shim   the same binary under LD_PRELOAD=libsomashim.so
+#   shim   the same binary under LD_PRELOAD=libsomashim.so (also with an idle
+#          non-blocking stream made at start: "shim+nb")
 #   async  hand-written cudaMallocAsync/cudaFreeAsync on one stream, pool
 #          release threshold UINT64_MAX, natively
 # and one table: per-iteration host time (alloc + 1-block kernel + free, median
@@ -51,12 +52,14 @@ fail=0
 timeout "$T" "$BUILD/churn" real >"$BUILD/bench.real.out" 2>"$BUILD/bench.real.err" || fail=1
 timeout "$T" env CHURN_LIVE_BLOCK=1 "$BUILD/churn" real >"$BUILD/bench.reallive.out" 2>"$BUILD/bench.reallive.err" || fail=1
 timeout "$T" env LD_PRELOAD="$SHIM" "$BUILD/churn" real >"$BUILD/bench.shim.out" 2>"$BUILD/bench.shim.err" || fail=1
+timeout "$T" env CHURN_IDLE_STREAM=1 LD_PRELOAD="$SHIM" "$BUILD/churn" real >"$BUILD/bench.shimnb.out" \
+  2>"$BUILD/bench.shimnb.err" || fail=1
 timeout "$T" "$BUILD/churn" async >"$BUILD/bench.async.out" 2>"$BUILD/bench.async.err" || fail=1
 timeout "$T" env SOMA_FREE_SYNC=1 LD_PRELOAD="$SHIM" "$BUILD/churn" real >"$BUILD/bench.shimsync.out" \
   2>"$BUILD/bench.shimsync.err" || fail=1
 if [ "$fail" != 0 ]; then
   echo "bench: a run failed:"
-  for m in real reallive shim async shimsync; do
+  for m in real reallive shim shimnb async shimsync; do
     echo "--- $m:"
     cat "$BUILD/bench.$m.out" "$BUILD/bench.$m.err"
   done
@@ -71,39 +74,46 @@ awk '
     if (b >= 1024) return sprintf("%d KiB", b / 1024)
     return sprintf("%d B", b)
   }
-  function row(name, k, used, in_use) {
-    r = us[1, k]; rl = us[2, k]; m = us[3, k]; a = us[4, k]; y = us[5, k]
-    ratio = (in_use > 0 && used != "") ? sprintf("%.2f", used / in_use) : "-"
-    printf "%-12s %9.2f %9.2f %9.2f %9.2f %9.2f %9.1fx %9.2fx %9s\n", name, r, rl, m, a, y, (m > 0 ? r / m : 0), (a > 0 ? m / a : 0), ratio
+  function ratio(a, b) { return (a > 0 && b > 0) ? sprintf("%.2fx", a / b) : "-" }
+  function ru(mode, k, in_use) { return (in_use > 0 && used[mode, k] != "") ? sprintf("%.2f", used[mode, k] / in_use) : "-" }
+  function row(name, k, in_use) {
+    r = us[1, k]; rl = us[2, k]; m = us[3, k]; mn = us[4, k]; a = us[5, k]; y = us[6, k]
+    printf "%-12s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9s %9s %9s %6s %6s\n", name, r, rl, m, mn, a, y, \
+      ratio(r, m), ratio(m, a), ratio(mn, a), ru(3, k, in_use), ru(4, k, in_use)
   }
-  FNR == 1 { mode++ }   # 1 real, 2 real with a live block, 3 shim, 4 async, 5 shim with SOMA_FREE_SYNC=1
+  # 1 real, 2 real with a live block, 3 shim, 4 shim with an idle non-blocking stream, 5 async, 6 shim with SOMA_FREE_SYNC=1
+  FNR == 1 { mode++ }
   $1 == "size"     { if (mode == 1) order[++n] = $2; us[mode, $2] = $4; used[mode, $2] = ($8 > $9 ? $8 : $9) }
   $1 == "scenario" { if (mode == 1) sorder[++ns] = $2; us[mode, $2] = $4; used[mode, $2] = $10; inuse[$2] = $8 }
   $1 == "stall"    { us[mode, "stall"] = $3 }
   END {
-    printf "%-12s %9s %9s %9s %9s %9s %10s %10s %9s\n", "scenario", "real us", "real* us", "shim us", "async us", "sync us", "real/shim", "shim/async", "shim r/u"
-    for (i = 1; i <= n; i++) { k = order[i]; row(human(k), k, used[3, k], (k < 1048576 ? 1048576 : k) / 1048576) }
-    for (i = 1; i <= ns; i++) { k = sorder[i]; row(k, k, used[3, k], inuse[k]) }
-    row("stall", "stall", "", 0)
+    printf "%-12s %8s %8s %8s %8s %8s %8s %9s %9s %9s %6s %6s\n", "scenario", "real", "real*", "shim", "shim+nb", \
+      "async", "sync", "real/shim", "shim/asy", "+nb/asy", "r/u", "+nb r/u"
+    for (i = 1; i <= n; i++) { k = order[i]; row(human(k), k, (k < 1048576 ? 1048576 : k) / 1048576) }
+    for (i = 1; i <= ns; i++) { k = sorder[i]; row(k, k, inuse[k]) }
+    row("stall", "stall", 0)
     printf "\n"
-    printf "us: host time of one alloc+free (sizes: with a 1-block kernel between them), median after warm-up.\n"
-    printf "real: the program natively; real*: natively with one 4 KiB block kept allocated (the real allocator\n"
-    printf "  then keeps its chunk for small sizes); shim: under LD_PRELOAD; async: rewritten with\n"
+    printf "Figures in us: host time of one alloc+free (sizes: with a 1-block kernel between them), median after\n"
+    printf "  warm-up. real: the program natively; real*: natively with one 4 KiB block kept allocated (the real\n"
+    printf "  allocator then keeps its chunk for small sizes); shim: under LD_PRELOAD (only blocking streams in the\n"
+    printf "  size loops and nlp: the shim orders frees on the legacy stream); shim+nb: the same with an idle\n"
+    printf "  non-blocking stream made at start (the shim joins it at every free); async: rewritten with\n"
     printf "  cudaMallocAsync/cudaFreeAsync on one stream (threshold max); sync: the shim with SOMA_FREE_SYNC=1.\n"
     printf "nlp: 8 live blocks of 4 KiB..128 MiB, the oldest freed each time; threads4: 4 host threads churning\n"
-    printf "  1 MiB blocks; streams4x4G: four 4 GiB blocks live, one per stream (time of a whole round);\n"
-    printf "  stall: a 256 B pair while a ~1 ms kernel runs on a non-blocking stream.\n"
-    printf "shim r/u: peak device memory used beyond the start of the shim run (cudaMemGetInfo, a proxy for\n"
-    printf "  the pool'\''s reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held\n"
-    printf "  (sizes: the size itself, at least 1 MiB).\n"
-  }' "$BUILD/bench.real.out" "$BUILD/bench.reallive.out" "$BUILD/bench.shim.out" "$BUILD/bench.async.out" \
-  "$BUILD/bench.shimsync.out"
+    printf "  1 MiB blocks, each on its own non-blocking stream; streams4x4G: four 4 GiB blocks live, one per\n"
+    printf "  non-blocking stream (time of a whole round); stall: a 256 B pair while a ~1 ms kernel runs on a\n"
+    printf "  non-blocking stream.\n"
+    printf "r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a proxy for the pool'\''s\n"
+    printf "  reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held (sizes: the size\n"
+    printf "  itself, at least 1 MiB); for shim and shim+nb.\n"
+  }' "$BUILD/bench.real.out" "$BUILD/bench.reallive.out" "$BUILD/bench.shim.out" "$BUILD/bench.shimnb.out" \
+  "$BUILD/bench.async.out" "$BUILD/bench.shimsync.out"
 
 # The same figures as CSV (size_bytes,mode,us_per_pair), and the plot of them.
 CSV=${OUT:-$BUILD}/bench.csv
 {
   echo "size_bytes,mode,us_per_pair"
-  for m in real shim async; do
+  for m in real shim shimnb async; do
     awk -v m="$m" '$1 == "size" {print $2 "," m "," $4}' "$BUILD/bench.$m.out"
   done
 } >"$CSV"

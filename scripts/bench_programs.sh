@@ -19,7 +19,7 @@
 # BENCH_CUPY_CHAINS (40), BENCH_TIMEOUT (90: seconds per scenario, then it is killed
 # and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy').
 # SOMA_* variables in the environment reach the shim runs; shim runs also get
-# SOMA_STATS=<file> (DDP excepted), and the table shows the pool's figures from it
+# SOMA_STATS=<file> (DDP: SOMA_STATS=1, each rank's table in the log), and the table shows the pool's figures from it
 # when the shim writes them. LD_PRELOAD and PyTorch's allocator variables are
 # cleared first, so that the baselines are clean.
 #
@@ -258,7 +258,8 @@ if [ "$NGPU" -ge 2 ]; then
     --steps "$DDP_STEPS" --warmup "$WARMUP" --timeout "$T")
   scenario ddp2/caching -- "${DDP[@]}" --label ddp2/caching
   scenario ddp2/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${DDP[@]}" --label ddp2/caching-off
-  scenario ddp2/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" -- "${DDP[@]}" \
+  # SOMA_STATS=1: each rank's table goes to stderr, into the log (one file would be overwritten).
+  scenario ddp2/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" SOMA_STATS=1 -- "${DDP[@]}" \
     --label ddp2/caching-off+shim
 else
   say "DDP: skipped ($NGPU GPU(s); needs 2)"

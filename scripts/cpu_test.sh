@@ -80,7 +80,7 @@ ln -sf libcuda.so.1 "$FAKE/libcuda.so"
 build "$FAKE/libcudart.so.13" -fPIC -shared -Wl,-soname,libcudart.so.13 -Wl,-Bsymbolic c_tests/fake/fake_runtime.c \
   -L"$FAKE" -lcuda -ldl -lpthread
 ln -sf libcudart.so.13 "$FAKE/libcudart.so"
-CUDA_TESTS=(routing ptrmap ordering stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers)
+CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -270,6 +270,8 @@ compare "ordering" ordering
 compare "ordering SOMA_FREE_SYNC=1" ordering SOMA_FREE_SYNC=1
 compare "ordering SOMA_POOL=default" ordering SOMA_POOL=default
 compare "free after destroying a stream with pending work" stream_destroy_pending
+compare "only blocking streams: the legacy stream orders frees" legacy_stream
+compare "only blocking streams, SOMA_POOL=default" legacy_stream SOMA_POOL=default
 compare "SOMA_PENDING_FREE_LIMIT=4MiB, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=4MiB
 compare "SOMA_PENDING_FREE_LIMIT=0, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=0
 # 4. configuration

@@ -10,7 +10,8 @@
 # runs must exit 0; the '# pooled N' line must say N == 0 natively and N > 0
 # under the shim (so a shim that passes everything through cannot pass). Then
 # the non-C checks (no-CUDA processes, bad configuration), the race test's
-# teeth (race --wrong-stream natively must detect corruption), and the suite
+# teeth (race --wrong-stream and legacy_race --no-stream-wait, natively, must
+# detect corruption), and the suite
 # again under compute-sanitizer memcheck with the shim preloaded into the
 # target only. The last line is 'N passed, N failed, N skipped'; the exit
 # status is non-zero if any test failed.
@@ -106,6 +107,7 @@ TESTS=$(
   cat <<'EOF'
 streams|streams|||1|=
 race|race|||1|=
+legacy_race|legacy_race|||1|=
 free_sync|free_sync||SOMA_FREE_SYNC=1|1|=
 mixed|mixed|||1|=
 mixed@max_bytes|mixed||SOMA_MAX_BYTES=1048576|1|=
@@ -131,7 +133,7 @@ EOF
 )
 # The same programs built with the static runtime (all of them) and as
 # driver-API programs (those whose checks are about allocation and ordering).
-DRIVER_API_TESTS=" streams race free_sync threads capture reset streams_destroyed multi_device peer "
+DRIVER_API_TESTS=" streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer "
 while IFS='|' read -r name prog args envs gpus _; do
   case $name in *@*) continue ;; esac
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"
@@ -269,24 +271,27 @@ while IFS='|' read -r name prog args envs gpus san; do
   fi
 done <<<"$TESTS"
 
-# ---- the race test's teeth ------------------------------------------------
-if wanted race_teeth; then
-  if built race; then
-    run_one "$RUNS/race_teeth.native" "" 0 race --wrong-stream
-    n=$(sed -n 's/^# corruptions \([0-9][0-9]*\).*/\1/p' "$RUNS/race_teeth.native.out" | tail -n 1)
-    logonly "===== race_teeth: rc=$RC corruptions=${n:-?}"
-    logfile "race_teeth stdout" "$RUNS/race_teeth.native.out"
-    logfile "race_teeth stderr" "$RUNS/race_teeth.native.err"
-    if [ "$RC" = 0 ] && [ -n "$n" ] && [ "$n" -gt 0 ]; then
-      pass race_teeth "race --wrong-stream natively detected $n corrupted reads"
-    else
-      fail race_teeth "race --wrong-stream (a broken shim, emulated) was not detected: exit $RC, corruptions ${n:-?}"
-      tail -n 20 "$RUNS/race_teeth.native.out" "$RUNS/race_teeth.native.err" | sed 's/^/  /' | tee -a "$LOG"
-    fi
-  else
-    fail race_teeth "race did not build"
+# ---- the race tests' teeth ----------------------------------------------
+# Each emulates, natively, a shim that orders reuse wrongly, and must detect it.
+for teeth in "race_teeth race --wrong-stream" "legacy_race_teeth legacy_race --no-stream-wait"; do
+  read -r name prog flag <<<"$teeth"
+  wanted "$name" || continue
+  if ! built "$prog"; then
+    fail "$name" "$prog did not build"
+    continue
   fi
-fi
+  run_one "$RUNS/$name.native" "" 0 "$prog" "$flag"
+  n=$(sed -n 's/^# corruptions \([0-9][0-9]*\).*/\1/p' "$RUNS/$name.native.out" | tail -n 1)
+  logonly "===== $name: rc=$RC corruptions=${n:-?}"
+  logfile "$name stdout" "$RUNS/$name.native.out"
+  logfile "$name stderr" "$RUNS/$name.native.err"
+  if [ "$RC" = 0 ] && [ -n "$n" ] && [ "$n" -gt 0 ]; then
+    pass "$name" "$prog $flag natively detected $n corrupted reads"
+  else
+    fail "$name" "$prog $flag (a broken shim, emulated) was not detected: exit $RC, corruptions ${n:-?}"
+    tail -n 20 "$RUNS/$name.native.out" "$RUNS/$name.native.err" | sed 's/^/  /' | tee -a "$LOG"
+  fi
+done
 
 # ---- processes that never use CUDA ---------------------------------------
 if wanted nocuda_true; then

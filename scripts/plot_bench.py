@@ -16,7 +16,8 @@ and one row per measurement, e.g.
 
   size_bytes   the size of each allocation, in bytes (an integer > 0)
   mode         the allocator: real (cudaMalloc/cudaFree, natively), shim (the same
-               program under LD_PRELOAD=libsomashim.so), async (hand-written
+               program under LD_PRELOAD=libsomashim.so), shimnb (the same with an
+               idle non-blocking stream), async (hand-written
                cudaMallocAsync/cudaFreeAsync); any other name is plotted as well
   us_per_pair  host time of one alloc/free pair (one iteration), microseconds, as the
                benchmark reports it (its median after warm-up)
@@ -39,9 +40,10 @@ import sys
 STYLE = {
     "real": {"label": "real cudaMalloc/cudaFree", "color": "#d62728", "marker": "o"},
     "shim": {"label": "shim (LD_PRELOAD)", "color": "#1f77b4", "marker": "s"},
+    "shimnb": {"label": "shim, idle non-blocking stream", "color": "#9467bd", "marker": "D"},
     "async": {"label": "native cudaMallocAsync/FreeAsync", "color": "#2ca02c", "marker": "^"},
 }
-ORDER = ["real", "shim", "async"]
+ORDER = ["real", "shim", "shimnb", "async"]
 
 
 def human(n):

@@ -172,7 +172,11 @@ impl Allocator {
         };
         let device = self.device(driver, context)?;
         self.issue_deferred_frees(driver);
-        match device.alloc(driver, size, self.stats.device(device.ordinal), &self.map) {
+        // Held through the allocation: no capture may begin while it may use the legacy stream.
+        let captures = read(&self.captures);
+        let result = device.alloc(driver, size, captures.is_empty(), self.stats.device(device.ordinal), &self.map);
+        drop(captures);
+        match result {
             Ok(ptr) => {
                 let stale = self.map.insert(ptr, Block { device: device.ordinal, size, caller });
                 if let Some(stale) = stale {
@@ -338,7 +342,7 @@ impl Allocator {
             let streams = registry.of(device.context);
             streams.retire_passed_tails(driver);
             let after = Predecessors { nonblocking: &streams.nonblocking, tails: &streams.tails };
-            device.free(driver, ptr, block.size, &after, &self.map)
+            device.free(driver, ptr, block.size, &after, self.stats.device(device.ordinal), &self.map)
         });
         if let Err(e) = result.and_then(|r| r) {
             // Without the ordering the block cannot be reused safely: it stays allocated.
@@ -460,11 +464,25 @@ impl Allocator {
         DeviceSlot::Pooled(Arc::new(device))
     }
 
-    /// Tracks a new non-blocking stream: every later free waits for its work.
+    /// Tracks a new non-blocking stream (made in the current context): every
+    /// later free waits for its work, and blocks reused on the legacy stream
+    /// before it existed are safe for it.
     pub fn stream_created(&self, driver: &Driver, stream: Stream) {
-        match driver.stream_context(stream) {
-            Ok(context) => lock(&self.streams).of(context).nonblocking.push(stream),
-            Err(e) => log::warn!("cannot find the context of a new stream: {e:?}"),
+        let context = match driver.stream_context(stream) {
+            Ok(context) => context,
+            Err(e) => return log::warn!("cannot find the context of a new stream: {e:?}"),
+        };
+        let mut registry = lock(&self.streams);
+        registry.of(context).nonblocking.push(stream);
+        let devices = read(&self.devices);
+        let pooled = devices.iter().filter_map(|slot| match slot {
+            DeviceSlot::Pooled(device) => Some(device),
+            _ => None,
+        });
+        for device in pooled.filter(|device| device.context == context) {
+            if let Err(e) = device.leave_legacy_stream(driver) {
+                log::warn!("device {}: waiting for the legacy stream failed: {e:?}", device.ordinal);
+            }
         }
     }
 

@@ -1,9 +1,20 @@
 //! One device's pool and the ordering that makes its reuse safe.
 //!
 //! `cudaFree` must not let a block be handed out again before every piece of
-//! work issued before it, on every stream, has finished. The shim does not
-//! give a freed block to the pool at once. It records an event on the legacy
-//! stream (which waits for every blocking stream) and on every live
+//! work issued before it, on every stream, has finished. How the shim keeps
+//! that depends on the streams the program has on the device:
+//!
+//! *Only blocking streams* (the common legacy program): allocations and
+//! frees go on the legacy stream itself. It waits for every blocking stream
+//! and they wait for it, so a block freed there is reused at once, in order,
+//! by the next allocation there, as `cudaMallocAsync` reuses on one stream.
+//! The one stream that would not be ordered is a non-blocking stream made
+//! later: before one is, the host waits for the legacy work issued before
+//! the last free (the *legacy free mark*). That work was finished when the
+//! real `cudaFree` returned, so this waits no longer than the program did.
+//!
+//! *Non-blocking streams too*: a freed block does not go to the pool at
+//! once. The shim records an event on the legacy stream and on every live
 //! non-blocking stream, makes the shim's *join stream* wait for them (and for
 //! the last work of destroyed streams), records one *done* event there, and
 //! keeps the block in a queue of *pending frees*. Once the host sees an
@@ -25,6 +36,7 @@
 //! to what is in use.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -48,6 +60,11 @@ pub struct Device {
     pool_stream: Stream,
     /// Waits for the work before each free; its done events pass in order.
     join_stream: Stream,
+    /// No non-blocking stream at the last free: allocations and frees go on
+    /// the legacy stream.
+    on_legacy_stream: AtomicBool,
+    /// Recorded on the legacy stream before each free made there.
+    legacy_free_mark: Event,
     internal_deps: bool,
     pending_free_limit: u64,
     frees: Mutex<PendingFrees>,
@@ -113,6 +130,9 @@ impl Device {
             owns_pool,
             pool_stream: driver.create_nonblocking_stream()?,
             join_stream: driver.create_nonblocking_stream()?,
+            // Until a free has seen the streams, allocations stay off the legacy stream.
+            on_legacy_stream: AtomicBool::new(false),
+            legacy_free_mark: driver.create_event()?,
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit,
             frees: Mutex::new(PendingFrees {
@@ -126,12 +146,15 @@ impl Device {
     }
 
     /// A block of `size` bytes, usable at once from every stream.
-    /// The device's context must be current.
+    /// The device's context must be current. `legacy_allowed`: no capture is
+    /// in progress (one would make a legacy-stream operation fail), nor can
+    /// one begin before this returns.
     /// Blocks whose free has passed go back to the pool first (and leave `map`).
     pub fn alloc(
         &self,
         driver: &Driver,
         size: u64,
+        legacy_allowed: bool,
         counters: &DeviceCounters,
         map: &PointerMap,
     ) -> Result<u64, AllocFailure> {
@@ -146,17 +169,23 @@ impl Device {
                 }
             }
         }
-        let ptr = match driver.alloc_from_pool(size, self.pool, self.pool_stream) {
+        let stream = if legacy_allowed && self.on_legacy_stream.load(Relaxed) {
+            Stream::LEGACY
+        } else {
+            self.pool_stream
+        };
+        let ptr = match driver.alloc_from_pool(size, self.pool, stream) {
             Err(e) if e.is_out_of_memory() => {
                 counters.oom_retries.fetch_add(1, Relaxed);
-                self.alloc_after_reclaiming(driver, size, map)?
+                self.alloc_after_reclaiming(driver, size, stream, map)?
             }
             other => other.map_err(AllocFailure::Driver)?,
         };
-        if self.internal_deps {
+        if self.internal_deps && stream == self.pool_stream {
             // The driver may have made the pool stream wait for a block the
             // program freed with cudaFreeAsync; the program's streams do not
-            // wait on the pool stream, so the host does.
+            // wait on the pool stream, so the host does. (Every stream that
+            // may use a block allocated on the legacy stream waits for it.)
             driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
         }
         Ok(ptr)
@@ -164,16 +193,23 @@ impl Device {
 
     /// Out of memory: wait for every pending free, then give cached memory
     /// back to the driver, retrying after each.
-    fn alloc_after_reclaiming(&self, driver: &Driver, size: u64, map: &PointerMap) -> Result<u64, AllocFailure> {
+    fn alloc_after_reclaiming(
+        &self,
+        driver: &Driver,
+        size: u64,
+        stream: Stream,
+        map: &PointerMap,
+    ) -> Result<u64, AllocFailure> {
         {
             let mut frees = self.lock_frees();
             while self.return_oldest(driver, &mut frees, map) {}
         }
-        let attempt = || driver.alloc_from_pool(size, self.pool, self.pool_stream);
+        let attempt = || driver.alloc_from_pool(size, self.pool, stream);
         let result = match attempt() {
             Err(e) if e.is_out_of_memory() => {
                 log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
-                driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
+                // The pool releases only blocks whose free the GPU has passed.
+                driver.synchronize_stream(stream).map_err(AllocFailure::Driver)?;
                 driver.trim(self.pool).map_err(AllocFailure::Driver)?;
                 attempt()
             }
@@ -182,10 +218,34 @@ impl Device {
         result.map_err(|e| if e.is_out_of_memory() { AllocFailure::OutOfMemory } else { AllocFailure::Driver(e) })
     }
 
-    /// Queues the block at `ptr` to return to the pool once all work issued
-    /// so far on every stream of this device has finished.
-    /// The device's context must be current.
-    pub fn free(&self, driver: &Driver, ptr: u64, size: u64, after: &Predecessors, map: &PointerMap) -> CuResult<()> {
+    /// Returns the block at `ptr` to the pool once all work issued so far on
+    /// every stream of this device has finished: at once on the legacy
+    /// stream if `after` names no other stream, else through the queue of
+    /// pending frees. The device's context must be current, and `after`
+    /// must stay the device's streams until this returns.
+    pub fn free(
+        &self,
+        driver: &Driver,
+        ptr: u64,
+        size: u64,
+        after: &Predecessors,
+        counters: &DeviceCounters,
+        map: &PointerMap,
+    ) -> CuResult<()> {
+        if after.nonblocking.is_empty() && after.tails.is_empty() {
+            if !self.on_legacy_stream.swap(true, Relaxed) {
+                log::debug!("device {}: no non-blocking stream: the legacy stream orders frees", self.ordinal);
+            }
+            // Recorded before the free: the mark covers all the work before it.
+            driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+            driver.free_async(ptr, Stream::LEGACY)?;
+            map.returned(ptr);
+            counters.legacy_stream_frees.fetch_add(1, Relaxed);
+            return Ok(());
+        }
+        if self.on_legacy_stream.swap(false, Relaxed) {
+            log::debug!("device {}: non-blocking streams: frees join them", self.ordinal);
+        }
         let mut frees = self.lock_frees();
         // Earlier frees are likelier done than this one: return them first.
         self.return_passed(driver, &mut frees, map);
@@ -197,6 +257,16 @@ impl Device {
         frees.bytes += size;
         frees.queue.push_back(PendingFree { ptr, size, done });
         Ok(())
+    }
+
+    /// A non-blocking stream is being made: from now on frees join it, and
+    /// it must not use a block reused on the legacy stream before the work
+    /// that block was freed after has finished. The host waits for that work
+    /// (the real `cudaFree` did, when the program freed the block), so the
+    /// new stream starts idle, as it would without the shim.
+    pub fn leave_legacy_stream(&self, driver: &Driver) -> CuResult<()> {
+        self.on_legacy_stream.store(false, Relaxed);
+        driver.wait_for(self.legacy_free_mark)
     }
 
     /// Makes the join stream wait for the work issued so far on the legacy
@@ -313,7 +383,8 @@ impl Device {
         }
         let _ = driver.synchronize_stream(self.pool_stream);
         let queued = frees.queue.iter().map(|f| &f.done);
-        for &event in queued.chain(frees.spare_events.iter()).chain([&frees.scratch]) {
+        let own = [&frees.scratch, &self.legacy_free_mark];
+        for &event in queued.chain(frees.spare_events.iter()).chain(own) {
             let _ = driver.destroy_event(event);
         }
         let _ = driver.destroy_stream(self.pool_stream);

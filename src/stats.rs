@@ -15,6 +15,8 @@ pub struct DeviceCounters {
     pub pool_alloc_bytes: AtomicU64,
     pub pool_frees: AtomicU64,
     pub pool_free_bytes: AtomicU64,
+    /// Frees ordered by the legacy stream alone (no non-blocking stream then).
+    pub legacy_stream_frees: AtomicU64,
     pub in_use: AtomicU64,
     pub peak_in_use: AtomicU64,
     /// Times an allocation waited on the host for pending frees
@@ -148,6 +150,7 @@ impl Stats {
                     let _ = writeln!(out, "  {:<28}{:>12}", "peak reserved (pool)", "unavailable");
                 }
             }
+            count(&mut out, "frees on the legacy stream", d.legacy_stream_frees.load(Relaxed));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));

@@ -14,8 +14,9 @@
  * as used), while the program itself never holds more than one block.
  *
  * Environment: CHURN_LIVE_BLOCK=1 keeps one 4 KiB block allocated throughout;
- * CHURN_NO_STREAM=1 makes the idle non-blocking stream only after the size
- * loops; CHURN_ONLY_THREADS=1 runs only the threads scenario (with
+ * CHURN_IDLE_STREAM=1 makes an idle non-blocking stream before the size
+ * loops (the shim then orders frees after it too; without one, on the legacy
+ * stream); CHURN_ONLY_THREADS=1 runs only the threads scenario (with
  * CHURN_THREADS and CHURN_THREAD_LEGACY, see there).
  *
  * Scenarios after the size loops (host time of one alloc+free pair, median):
@@ -206,13 +207,13 @@ int main(int argc, char **argv) {
   const int reps[] = {3000, 3000, 3000, 600, 200};
   const int warm = 50;
   CK(cudaFree(0));
-  /* An idle non-blocking stream exists during the size loops (as in most real
-   * programs; the real cudaFree synchronizes every stream), unless
-   * CHURN_NO_STREAM=1: then it is made only for the stall part. */
-  const char *ns = getenv("CHURN_NO_STREAM");
-  int no_stream = ns && *ns && strcmp(ns, "0") != 0;
+  /* CHURN_IDLE_STREAM=1: an idle non-blocking stream exists from here on
+   * (programs that have one make the shim join it at every free); else it
+   * is made only for the stall part. */
+  const char *is = getenv("CHURN_IDLE_STREAM");
+  int idle_stream = is && *is && strcmp(is, "0") != 0;
   cudaStream_t s = 0, busy = 0;
-  if (!no_stream) CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
+  if (idle_stream) CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
   if (async) {
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaMemPool_t pool;
@@ -266,7 +267,7 @@ int main(int argc, char **argv) {
 
   /* Host stall: a 256 B alloc/free pair while ~1 ms of work runs on another,
    * non-blocking stream. */
-  if (no_stream) CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
+  if (!idle_stream) CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
   const int sreps = 100;
   for (int r = -5; r < sreps; r++) {
     spin_ns<<<1, 1, 0, busy>>>(1000000ULL);

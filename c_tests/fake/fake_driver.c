@@ -73,6 +73,7 @@ struct fblk {                   /* freed, still reserved pool memory */
   struct CUstream_st *stream;   /* NULL: completed (synchronous free) */
   uint64_t clk;                 /* stream clock of the free */
   struct vc vc;                 /* the free stream's clock at the free */
+  struct vc touch;              /* the work that used the memory before */
   struct fblk *next;
 };
 
@@ -113,6 +114,8 @@ struct alloc {
   int in_graph_free;
   void *mem;
   struct vc touch;              /* per stream, the clock of the last work on it */
+  struct vc ready;              /* work that used its memory before it was
+                                   reused: later work must be ordered after */
   struct alloc *hnext, *prev, *next;
 };
 
@@ -477,11 +480,18 @@ static void quarantine(void *m, size_t n) {
 static void destroy_alloc(struct alloc *a) {
   remove_alloc(a);
   vc_free(&a->touch);
+  vc_free(&a->ready);
   quarantine(a->mem, a->rsize);
   free(a);
 }
 
 /* ------------------------------------------------------------------ pools */
+static void fblk_destroy(struct fblk *b) {
+  vc_free(&b->vc);
+  vc_free(&b->touch);
+  free(b);
+}
+
 static int blk_completed(const struct fblk *b) {
   return b->stream == NULL || vc_get(&g_host_vc, b->stream->sid) >= b->clk;
 }
@@ -500,8 +510,7 @@ static void pool_release(struct CUmemPoolHandle_st *p, uint64_t keep) {
     g_used[p->dev] -= r;
     if (b->bytes == 0) {
       *pp = b->next;
-      vc_free(&b->vc);
-      free(b);
+      fblk_destroy(b);
     } else {
       pp = &b->next;
     }
@@ -542,13 +551,15 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, struct CUstream_st *s, 
       continue;
     }
     if (how == 2) vc_merge(&s->vc, &b->vc);
+    /* Reused before the GPU passed the free (in the order of its stream, say):
+     * only work ordered after the old work may use the memory. */
+    if (!blk_completed(b)) vc_merge(&a->ready, &b->touch);
     uint64_t t = b->bytes < take ? b->bytes : take;
     b->bytes -= t;
     take -= t;
     if (b->bytes == 0) {
       *pp = b->next;
-      vc_free(&b->vc);
-      free(b);
+      fblk_destroy(b);
     } else {
       pp = &b->next;
     }
@@ -581,6 +592,8 @@ static void pool_take_back(struct alloc *a, struct CUstream_st *s) {
   if (s) {
     b->clk = s->clock;
     vc_copy(&b->vc, &s->vc);
+    vc_copy(&b->touch, &a->touch);
+    vc_merge(&b->touch, &a->ready);
   }
   b->next = p->free;
   p->free = b;
@@ -864,8 +877,7 @@ static void destroy_device_state(int dev) {
       p->alive = 0;
       for (struct fblk *b = p->free, *n; b; b = n) {
         n = b->next;
-        vc_free(&b->vc);
-        free(b);
+        fblk_destroy(b);
       }
       p->free = NULL;
       p->reserved = p->used = 0;
@@ -1911,6 +1923,21 @@ int fakecuda_pool_stats(const void *pool, struct fakecuda_pool_stats *out) {
   return 1;
 }
 
+/* May work on s use block a? Not while work that used its memory before a
+ * reuse may still run: s must be ordered after it, or the host past it. */
+static void check_ready(struct CUstream_st *s, struct alloc *a) {
+  for (uint32_t i = 0; i < a->ready.n; i++) {
+    uint32_t sid = a->ready.e[i].sid;
+    uint64_t clk = a->ready.e[i].clk;
+    if (vc_get(&s->vc, sid) < clk && vc_get(&g_host_vc, sid) < clk) {
+      char x[64], y[64];
+      CNT(unordered_uses);
+      problem("work on stream %s uses %#" PRIxPTR ", whose memory work on stream %s (clock %llu) may still use",
+              stream_name(s, x, sizeof x), a->base, stream_name(g_streams[sid], y, sizeof y), (unsigned long long)clk);
+    }
+  }
+}
+
 static int launch(const void *stream, const void *p, int check_access) {
   init();
   if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
@@ -1938,6 +1965,7 @@ static int launch(const void *stream, const void *p, int check_access) {
   if (r == CAPTURED) RET(CUDA_SUCCESS);
   if (r) RET(r);
   enqueue(s);
+  if (a) check_ready(s, a);
   s->last_work = s->clock;
   if (a) vc_set_max(&a->touch, s->sid, s->clock);
   else s->last_untargeted = s->clock;

@@ -113,6 +113,10 @@ struct fakecuda_counters {
                                   have touched it, on any stream (destroyed
                                   ones included) of the block's device, and
                                   that the host had not synchronized with */
+  uint64_t unordered_uses;     /* work (fakecuda_launch) on a pool block whose
+                                  memory was reused while earlier work that
+                                  used it may still run, on a stream not
+                                  ordered after that work */
   uint64_t invalid_handles;    /* a call got a destroyed/unknown stream, event,
                                   pool or context (stale after a reset, say) */
   uint64_t streams_created, streams_destroyed;

@@ -1,0 +1,103 @@
+/* Contracts 1 and 2 while the program has only blocking streams: the shim
+ * then frees and allocates on the legacy stream, so a freed block is reused
+ * at once, in stream order, without blocking the host. Work on the legacy
+ * stream, a blocking stream and the per-thread default stream may use such
+ * a block at once (they are ordered after the legacy stream). A non-blocking
+ * stream made afterwards is not: it must not run alongside the work that
+ * used the memory before (the double counts that as unordered_uses). Once
+ * the non-blocking stream is gone and its work done, frees go back to the
+ * legacy stream. */
+#include "common.h"
+
+/* Frees p, which work on the legacy stream still uses, and checks how. */
+static void free_busy(void *p, const char *label, int expect_at_once) {
+  struct fakecuda_counters b = snap();
+  SHOW_RC(label, cudaFree(p));
+  struct fakecuda_counters m = snap();
+  if (expect_at_once) {
+    CHECK_EQ(DELTA(b, m, pool_frees), 1); /* back in the pool at once, stream-ordered */
+    CHECK(!fakecuda_device_idle(0));      /* the host was not blocked */
+  }
+  CHECK_EQ(DELTA(b, m, unordered_frees), 0);
+}
+
+static void check_clean(struct fakecuda_counters b, const char *label) {
+  struct fakecuda_counters m = snap();
+  CHECK_EQ(DELTA(b, m, unordered_frees), 0);
+  CHECK_EQ(DELTA(b, m, unordered_uses), 0);
+  CHECK_EQ(DELTA(b, m, invalid_handles), 0);
+  CHECK_EQ(DELTA(b, m, drv_invalid_frees), 0);
+  show_problem(label);
+}
+
+int main(void) {
+  printf("# mode %s\n", under_shim() ? "shim" : "native");
+  int pooled = expect_pool(MiB);
+  CHECK_CUDA(cudaFree(NULL));
+  cudaStream_t blocking;
+  CHECK_CUDA(cudaStreamCreate(&blocking));
+  size_t free_at_start, total_at_start;
+  CHECK_CUDA(cudaMemGetInfo(&free_at_start, &total_at_start));
+  struct fakecuda_counters start = snap();
+
+  /* Churn on the legacy stream, the block used everywhere a blocking stream can. */
+  for (int i = 0; i < 20; i++) {
+    void *p = NULL;
+    CHECK_CUDA(cudaMalloc(&p, MiB));
+    CHECK_EQ(fakecuda_launch(NULL, p), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda_launch(blocking, p), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda_launch(cudaStreamPerThread, p), CUDA_SUCCESS);
+    free_busy(p, "free on the legacy stream", pooled);
+  }
+  struct fakecuda_counters churned = snap();
+  if (pooled) {
+    CHECK_EQ(DELTA(start, churned, pool_allocs), 20);
+    CHECK_EQ(DELTA(start, churned, ctx_syncs) + DELTA(start, churned, stream_syncs), 0);
+  }
+  /* reused in stream order: never more than the one block */
+  size_t free_now, total;
+  CHECK_CUDA(cudaMemGetInfo(&free_now, &total));
+  printf("# used after the churn: %zu bytes over the start\n", free_at_start - free_now);
+  CHECK(free_at_start - free_now <= MiB);
+  check_clean(start, "churn");
+
+  /* A block reused while the legacy stream still runs the work that used its
+   * memory, then a non-blocking stream made and given that block. */
+  void *q = NULL, *r = NULL;
+  CHECK_CUDA(cudaMalloc(&q, MiB));
+  CHECK_EQ(fakecuda_launch(NULL, q), CUDA_SUCCESS);
+  free_busy(q, "free before the non-blocking stream", pooled);
+  CHECK_CUDA(cudaMalloc(&r, MiB));
+  cudaStream_t nb;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
+  printf("new stream query rc=%d\n", (int)cudaStreamQuery(nb)); /* idle, as natively */
+  CHECK_EQ(fakecuda_launch(nb, r), CUDA_SUCCESS);
+  CHECK_EQ(fakecuda_launch(NULL, r), CUDA_SUCCESS);
+  free_busy(r, "free with a non-blocking stream", 0);
+  nudge();
+  CHECK_EQ(ptr_kind(r), FAKECUDA_NONE);
+  check_clean(churned, "non-blocking stream made");
+
+  /* The non-blocking stream gone and idle: back to the legacy stream. */
+  CHECK_CUDA(cudaStreamSynchronize(nb));
+  CHECK_CUDA(cudaStreamDestroy(nb));
+  struct fakecuda_counters after = snap();
+  for (int i = 0; i < 3; i++) {
+    void *p = NULL;
+    CHECK_CUDA(cudaMalloc(&p, MiB));
+    CHECK_EQ(fakecuda_launch(NULL, p), CUDA_SUCCESS);
+    free_busy(p, "free after the stream is gone", pooled);
+  }
+  check_clean(after, "stream gone");
+
+  /* A double free right after a free on the legacy stream is refused, as natively. */
+  void *d = NULL;
+  CHECK_CUDA(cudaMalloc(&d, MiB));
+  CHECK_CUDA(cudaFree(d));
+  SHOW_RC("double free", cudaFree(d));
+  CHECK_LAST_ERROR_ONCE(cudaErrorInvalidValue);
+
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaStreamDestroy(blocking));
+  return report();
+}
