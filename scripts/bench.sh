@@ -15,7 +15,7 @@
 #
 # Needs nvcc and an NVIDIA GPU. GPU_ARCH (default sm_90) and NVCC override the
 # compiler settings; the log goes to $OUT/bench.log if OUT is set, else
-# build/gpu/bench.log. Takes well under a minute.
+# build/gpu/bench.log. Takes one to two minutes.
 set -uo pipefail
 # A relative shim path is taken from the caller's directory.
 [ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
@@ -48,20 +48,37 @@ echo "shim: $SHIM"
 # SOMA_* settings in the environment reach the shim run (and are printed here).
 env | grep '^SOMA_' | sed 's/^/setting: /'
 
+# Each part in a process of its own, so that no part's figures include what
+# the pool cached for an earlier one. Modes: name, environment, churn argument.
+PARTS="size:256 size:1048576 size:16777216 size:268435456 size:1073741824 nlp threads streams stall"
+MODES=(
+  "real|-|real"
+  "reallive|CHURN_LIVE_BLOCK=1|real"
+  "shim|LD_PRELOAD=$SHIM|real"
+  "shimnb|CHURN_IDLE_STREAM=1 LD_PRELOAD=$SHIM|real"
+  "async|-|async"
+  "shimsync|SOMA_FREE_SYNC=1 LD_PRELOAD=$SHIM|real"
+)
 fail=0
-timeout "$T" "$BUILD/churn" real >"$BUILD/bench.real.out" 2>"$BUILD/bench.real.err" || fail=1
-timeout "$T" env CHURN_LIVE_BLOCK=1 "$BUILD/churn" real >"$BUILD/bench.reallive.out" 2>"$BUILD/bench.reallive.err" || fail=1
-timeout "$T" env LD_PRELOAD="$SHIM" "$BUILD/churn" real >"$BUILD/bench.shim.out" 2>"$BUILD/bench.shim.err" || fail=1
-timeout "$T" env CHURN_IDLE_STREAM=1 LD_PRELOAD="$SHIM" "$BUILD/churn" real >"$BUILD/bench.shimnb.out" \
-  2>"$BUILD/bench.shimnb.err" || fail=1
-timeout "$T" "$BUILD/churn" async >"$BUILD/bench.async.out" 2>"$BUILD/bench.async.err" || fail=1
-timeout "$T" env SOMA_FREE_SYNC=1 LD_PRELOAD="$SHIM" "$BUILD/churn" real >"$BUILD/bench.shimsync.out" \
-  2>"$BUILD/bench.shimsync.err" || fail=1
+for mode in "${MODES[@]}"; do
+  IFS='|' read -r name envs arg <<<"$mode"
+  [ "$envs" = - ] && envs=
+  : >"$BUILD/bench.$name.out"
+  : >"$BUILD/bench.$name.err"
+  for part in $PARTS; do
+    # shellcheck disable=SC2086
+    timeout "$T" env $envs "$BUILD/churn" "$arg" "$part" >>"$BUILD/bench.$name.out" 2>>"$BUILD/bench.$name.err" || {
+      echo "bench: $name $part failed (exit $?)" >>"$BUILD/bench.$name.err"
+      fail=1
+    }
+  done
+done
 if [ "$fail" != 0 ]; then
   echo "bench: a run failed:"
-  for m in real reallive shim shimnb async shimsync; do
-    echo "--- $m:"
-    cat "$BUILD/bench.$m.out" "$BUILD/bench.$m.err"
+  for mode in "${MODES[@]}"; do
+    name=${mode%%|*}
+    echo "--- $name:"
+    cat "$BUILD/bench.$name.out" "$BUILD/bench.$name.err"
   done
   exit 1
 fi

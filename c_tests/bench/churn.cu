@@ -16,8 +16,8 @@
  * Environment: CHURN_LIVE_BLOCK=1 keeps one 4 KiB block allocated throughout;
  * CHURN_IDLE_STREAM=1 makes an idle non-blocking stream before the size
  * loops (the shim then orders frees after it too; without one, on the legacy
- * stream); CHURN_ONLY_THREADS=1 runs only the threads scenario (with
- * CHURN_THREADS and CHURN_THREAD_LEGACY, see there).
+ * stream); CHURN_THREADS and CHURN_THREAD_LEGACY shape the threads scenario
+ * (see there). A second argument runs one part only (see main).
  *
  * Scenarios after the size loops (host time of one alloc+free pair, median):
  *   nlp        varying sizes as NLP workloads make: 8 blocks live in a ring,
@@ -196,25 +196,76 @@ static void scenario_streams(long long base, double *t) {
   report("streams4x4G", t, REPS, (double)N * size, peak_used);
 }
 
+/* One size's loop: alloc, kernel, free on the legacy stream (or on s, async). */
+static void churn_size(size_t n, int reps, cudaStream_t s, long long base, double *t) {
+  const int warm = 50;
+  for (int r = -warm; r < reps; r++) {
+    unsigned *p = NULL;
+    double t0 = now_us();
+    if (g_async) {
+      CK(cudaMallocAsync((void **)&p, n, s));
+      touch<<<1, 32, 0, s>>>(p, (unsigned)r);
+      CK(cudaFreeAsync(p, s));
+    } else {
+      CK(cudaMalloc((void **)&p, n));
+      touch<<<1, 32>>>(p, (unsigned)r);
+      CK(cudaFree(p));
+    }
+    double dt = now_us() - t0;
+    if (r >= 0) t[r] = dt;
+  }
+  long long loop = used_now() - base;
+  CK(cudaDeviceSynchronize());
+  long long after = used_now() - base;
+  printf("size %zu median_us %.2f reps %d used_delta_mib %.0f %.0f\n", n, median(t, reps), reps, loop / 1048576.0,
+         after / 1048576.0);
+  fflush(stdout);
+}
+
+/* Host stall: a 256 B alloc/free pair while ~1 ms of work runs on `busy`, a
+ * non-blocking stream. */
+static void scenario_stall(cudaStream_t s, cudaStream_t busy, double *t) {
+  const int sreps = 100;
+  for (int r = -5; r < sreps; r++) {
+    spin_ns<<<1, 1, 0, busy>>>(1000000ULL);
+    CK(cudaGetLastError());
+    void *p = NULL;
+    double t0 = now_us();
+    alloc_on(&p, 256, s);
+    release_on(p, s);
+    double dt = now_us() - t0;
+    if (r >= 0) t[r] = dt;
+    CK(cudaStreamSynchronize(busy));
+  }
+  printf("stall median_us %.2f reps %d\n", median(t, sreps), sreps);
+}
+
+static int flag(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
+}
+
+/* churn real|async [PART]: PART is size:<bytes>, nlp, threads, streams or
+ * stall; without one, every part in turn in this process (then the pool
+ * keeps what earlier parts cached, and the memory figures of later parts
+ * include it). */
 int main(int argc, char **argv) {
-  int async = argc > 1 && strcmp(argv[1], "async") == 0;
-  g_async = async;
-  if (argc < 2 || (!async && strcmp(argv[1], "real") != 0)) {
-    fprintf(stderr, "usage: %s real|async\n", argv[0]);
+  g_async = argc > 1 && strcmp(argv[1], "async") == 0;
+  const char *part = argc > 2 ? argv[2] : NULL;
+  if (argc < 2 || argc > 3 || (!g_async && strcmp(argv[1], "real") != 0)) {
+    fprintf(stderr, "usage: %s real|async [size:<bytes>|nlp|threads|streams|stall]\n", argv[0]);
     return 2;
   }
   const size_t sizes[] = {256, 1ULL << 20, 16ULL << 20, 256ULL << 20, 1ULL << 30};
   const int reps[] = {3000, 3000, 3000, 600, 200};
-  const int warm = 50;
   CK(cudaFree(0));
   /* CHURN_IDLE_STREAM=1: an idle non-blocking stream exists from here on
    * (programs that have one make the shim join it at every free); else it
    * is made only for the stall part. */
-  const char *is = getenv("CHURN_IDLE_STREAM");
-  int idle_stream = is && *is && strcmp(is, "0") != 0;
+  int idle_stream = flag("CHURN_IDLE_STREAM");
   cudaStream_t s = 0, busy = 0;
   if (idle_stream) CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
-  if (async) {
+  if (g_async) {
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaMemPool_t pool;
     CK(cudaDeviceGetDefaultMemPool(&pool, 0));
@@ -224,68 +275,50 @@ int main(int argc, char **argv) {
   /* CHURN_LIVE_BLOCK=1: one small block stays allocated throughout. The real
    * allocator then keeps its chunk for small sizes instead of releasing it at
    * every cudaFree, and is much cheaper for them (bench.sh shows both). */
-  const char *lb = getenv("CHURN_LIVE_BLOCK");
   void *live = NULL;
-  if (lb && *lb && strcmp(lb, "0") != 0) CK(cudaMalloc(&live, 4096));
+  if (flag("CHURN_LIVE_BLOCK")) CK(cudaMalloc(&live, 4096));
+  /* Load the kernels first (lazy loading reserves device memory at a
+   * kernel's first launch), on pinned host memory, so that no allocator
+   * under test has cached anything when `base` is read. */
+  unsigned *pinned = NULL;
+  CK(cudaMallocHost((void **)&pinned, 4096));
+  touch<<<1, 32>>>(pinned, 0);
+  spin_ns<<<1, 1>>>(0);
   CK(cudaDeviceSynchronize());
+  CK(cudaFreeHost(pinned));
   long long base = used_now();
   double *t = (double *)malloc(sizeof(double) * 4000);
 
+  int ran = 0;
   for (int si = 0; si < 5; si++) {
-    size_t n = sizes[si];
-    for (int r = -warm; r < reps[si]; r++) {
-      unsigned *p = NULL;
-      double t0 = now_us();
-      if (async) {
-        CK(cudaMallocAsync((void **)&p, n, s));
-        touch<<<1, 32, 0, s>>>(p, (unsigned)r);
-        CK(cudaFreeAsync(p, s));
-      } else {
-        CK(cudaMalloc((void **)&p, n));
-        touch<<<1, 32>>>(p, (unsigned)r);
-        CK(cudaFree(p));
-      }
-      double dt = now_us() - t0;
-      if (r >= 0) t[r] = dt;
+    char name[32];
+    snprintf(name, sizeof name, "size:%zu", sizes[si]);
+    if (!part || strcmp(part, name) == 0) {
+      churn_size(sizes[si], reps[si], s, base, t);
+      ran++;
     }
-    long long loop = used_now() - base;
-    CK(cudaDeviceSynchronize());
-    long long after = used_now() - base;
-    printf("size %zu median_us %.2f reps %d used_delta_mib %.0f %.0f\n", n, median(t, reps[si]), reps[si],
-           loop / 1048576.0, after / 1048576.0);
-    fflush(stdout);
   }
-
-  const char *only = getenv("CHURN_ONLY_THREADS");
-  if (only && *only && strcmp(only, "0") != 0) {
+  if (!part || strcmp(part, "nlp") == 0) {
+    scenario_nlp(s, base, t);
+    ran++;
+  }
+  if (!part || strcmp(part, "threads") == 0) {
     scenario_threads(base);
-    return 0;
+    ran++;
   }
-  scenario_nlp(s, base, t);
-  scenario_threads(base);
-  scenario_streams(base, t);
-
-  /* Host stall: a 256 B alloc/free pair while ~1 ms of work runs on another,
-   * non-blocking stream. */
-  if (!idle_stream) CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
-  const int sreps = 100;
-  for (int r = -5; r < sreps; r++) {
-    spin_ns<<<1, 1, 0, busy>>>(1000000ULL);
-    CK(cudaGetLastError());
-    void *p = NULL;
-    double t0 = now_us();
-    if (async) {
-      CK(cudaMallocAsync(&p, 256, s));
-      CK(cudaFreeAsync(p, s));
-    } else {
-      CK(cudaMalloc(&p, 256));
-      CK(cudaFree(p));
-    }
-    double dt = now_us() - t0;
-    if (r >= 0) t[r] = dt;
-    CK(cudaStreamSynchronize(busy));
+  if (!part || strcmp(part, "streams") == 0) {
+    scenario_streams(base, t);
+    ran++;
   }
-  printf("stall median_us %.2f reps %d\n", median(t, sreps), sreps);
+  if (!part || strcmp(part, "stall") == 0) {
+    if (!idle_stream) CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
+    scenario_stall(s, busy, t);
+    ran++;
+  }
+  if (!ran) {
+    fprintf(stderr, "%s: unknown part '%s'\n", argv[0], part);
+    return 2;
+  }
   CK(cudaDeviceSynchronize());
   if (live) CK(cudaFree(live));
   free(t);
