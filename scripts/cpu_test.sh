@@ -269,11 +269,16 @@ compare "ptrmap, runtime resolving the driver by cuGetProcAddress" ptrmap FAKECU
 compare "ordering" ordering
 compare "ordering SOMA_FREE_SYNC=1" ordering SOMA_FREE_SYNC=1
 compare "ordering SOMA_POOL=default" ordering SOMA_POOL=default
+compare "ordering SOMA_FREE_ORDER=join" ordering SOMA_FREE_ORDER=join
 compare "free after destroying a stream with pending work" stream_destroy_pending
+compare "free after destroying a stream with pending work, SOMA_FREE_ORDER=join" stream_destroy_pending \
+  SOMA_FREE_ORDER=join
 compare "only blocking streams: the legacy stream orders frees" legacy_stream
 compare "only blocking streams, SOMA_POOL=default" legacy_stream SOMA_POOL=default
-compare "SOMA_PENDING_FREE_LIMIT=4MiB, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=4MiB
-compare "SOMA_PENDING_FREE_LIMIT=0, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_PENDING_FREE_LIMIT=0
+compare "SOMA_PENDING_FREE_LIMIT=4MiB, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_FREE_ORDER=join \
+  SOMA_PENDING_FREE_LIMIT=4MiB
+compare "SOMA_PENDING_FREE_LIMIT=0, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_FREE_ORDER=join \
+  SOMA_PENDING_FREE_LIMIT=0
 # 4. configuration
 compare "config (defaults)" config EXPECT_RELEASE_THRESHOLD=max
 compare "config SOMA_POOL=default" config SOMA_POOL=default EXPECT_RELEASE_THRESHOLD=max
@@ -300,6 +305,7 @@ bad_config SOMA_REUSE_INTERNAL_DEPS x
 bad_config SOMA_PENDING_FREE_LIMIT lots
 # 5. threads
 compare "threads (8 x 2000)" threads
+compare "threads (8 x 2000), SOMA_FREE_ORDER=join" threads SOMA_FREE_ORDER=join
 # 6. processes without CUDA
 no_cuda "no-CUDA program" "$BIN/nocuda"
 no_cuda "no-CUDA: /bin/true" /bin/true

@@ -14,6 +14,19 @@ pub enum PoolChoice {
     Default,
 }
 
+/// How a free is ordered after the work of non-blocking streams, while the
+/// device has any (with none, the legacy stream orders every free).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeOrder {
+    /// On the GPU, as the real `cudaFree` orders it on the host: the legacy
+    /// stream waits for every non-blocking stream, the block is freed there,
+    /// then every non-blocking stream waits for the legacy stream.
+    Barrier,
+    /// A shim stream waits for every stream; the block returns to the pool
+    /// once the host sees it passed. Streams stay independent.
+    Join,
+}
+
 /// Where `SOMA_STATS` sends the table printed at exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StatsOutput {
@@ -61,6 +74,7 @@ pub struct Config {
     pub min_bytes: u64,
     pub max_bytes: u64,
     pub free_sync: bool,
+    pub free_order: FreeOrder,
     pub pending_free_limit: u64,
     pub stats: StatsOutput,
     pub trace: Option<String>,
@@ -77,6 +91,7 @@ enum Kind {
     Flag,
     Size { allow_total: bool },
     Pool,
+    FreeOrder,
     Stats,
     Path,
     MemInfo,
@@ -95,6 +110,7 @@ impl Kind {
                 "a byte count such as 0, 4096, 512MiB, 4G, or max, or total (the device's memory)"
             }
             Kind::Pool => "own or default",
+            Kind::FreeOrder => "barrier or join",
             Kind::Stats => "0, 1 (to stderr) or a file path",
             Kind::Path => "a file path, or empty for none",
             Kind::MemInfo => "real or pool",
@@ -109,6 +125,7 @@ enum Value {
     Flag(bool),
     Size(Bytes),
     Pool(PoolChoice),
+    FreeOrder(FreeOrder),
     Stats(StatsOutput),
     Path(Option<String>),
     MemInfo(MemInfo),
@@ -211,6 +228,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store!(free_sync, Flag),
     },
     Variable {
+        name: "SOMA_FREE_ORDER",
+        kind: Kind::FreeOrder,
+        default: "barrier",
+        doc: "With non-blocking streams, barrier: each free orders them and the legacy stream on the GPU as the real cudaFree does on the host (blocks reused at once); join: streams stay independent, blocks return once the GPU has passed the free.",
+        store: store!(free_order, FreeOrder),
+    },
+    Variable {
         name: "SOMA_PENDING_FREE_LIMIT",
         kind: Kind::Size { allow_total: false },
         default: "256MiB",
@@ -302,6 +326,7 @@ impl Config {
             min_bytes: 0,
             max_bytes: 0,
             free_sync: false,
+            free_order: FreeOrder::Barrier,
             pending_free_limit: 0,
             stats: StatsOutput::Off,
             trace: None,
@@ -329,6 +354,11 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
         Kind::Pool => match text.to_ascii_lowercase().as_str() {
             "own" => Some(Value::Pool(PoolChoice::Own)),
             "default" => Some(Value::Pool(PoolChoice::Default)),
+            _ => None,
+        },
+        Kind::FreeOrder => match text.to_ascii_lowercase().as_str() {
+            "barrier" => Some(Value::FreeOrder(FreeOrder::Barrier)),
+            "join" => Some(Value::FreeOrder(FreeOrder::Join)),
             _ => None,
         },
         Kind::Stats => Some(Value::Stats(match parse_flag(text) {
@@ -399,6 +429,7 @@ mod tests {
         assert!(c.reuse_follow_event_deps && c.reuse_opportunistic && !c.reuse_internal_deps);
         assert_eq!((c.min_bytes, c.max_bytes), (1, u64::MAX));
         assert!(!c.free_sync);
+        assert_eq!(c.free_order, FreeOrder::Barrier);
         assert_eq!(c.pending_free_limit, 256 << 20);
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
@@ -451,6 +482,7 @@ mod tests {
             ("SOMA_MIN_BYTES", "1KiB"),
             ("SOMA_MAX_BYTES", "1G"),
             ("SOMA_FREE_SYNC", "true"),
+            ("SOMA_FREE_ORDER", "join"),
             ("SOMA_PENDING_FREE_LIMIT", "1M"),
             ("SOMA_STATS", "1"),
             ("SOMA_TRACE", "/tmp/t.csv"),
@@ -465,6 +497,7 @@ mod tests {
         assert!(!c.reuse_follow_event_deps && !c.reuse_opportunistic && c.reuse_internal_deps);
         assert_eq!((c.min_bytes, c.max_bytes), (1024, 1 << 30));
         assert!(c.free_sync);
+        assert_eq!(c.free_order, FreeOrder::Join);
         assert_eq!(c.pending_free_limit, 1 << 20);
         assert_eq!(c.stats, StatsOutput::Stderr);
         assert_eq!(c.trace.as_deref(), Some("/tmp/t.csv"));

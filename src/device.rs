@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::CUmemPool_attribute;
 
-use crate::config::{Config, PoolChoice};
+use crate::config::{Config, FreeOrder, PoolChoice};
 use crate::driver::{Context, CuError, CuResult, Driver, Event, Pool, Stream};
 use crate::ptrmap::PointerMap;
 use crate::stats::{DeviceCounters, PoolPeaks};
@@ -65,6 +65,7 @@ pub struct Device {
     on_legacy_stream: AtomicBool,
     /// Recorded on the legacy stream before each free made there.
     legacy_free_mark: Event,
+    order: FreeOrder,
     internal_deps: bool,
     pending_free_limit: u64,
     frees: Mutex<PendingFrees>,
@@ -133,6 +134,7 @@ impl Device {
             // Until a free has seen the streams, allocations stay off the legacy stream.
             on_legacy_stream: AtomicBool::new(false),
             legacy_free_mark: driver.create_event()?,
+            order: config.free_order,
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit,
             frees: Mutex::new(PendingFrees {
@@ -220,9 +222,9 @@ impl Device {
 
     /// Returns the block at `ptr` to the pool once all work issued so far on
     /// every stream of this device has finished: at once on the legacy
-    /// stream if `after` names no other stream, else through the queue of
-    /// pending frees. The device's context must be current, and `after`
-    /// must stay the device's streams until this returns.
+    /// stream if `after` names no other stream or the order is a barrier,
+    /// else through the queue of pending frees. The device's context must be
+    /// current, and `after` must stay the device's streams until this returns.
     pub fn free(
         &self,
         driver: &Driver,
@@ -232,15 +234,15 @@ impl Device {
         counters: &DeviceCounters,
         map: &PointerMap,
     ) -> CuResult<()> {
-        if after.nonblocking.is_empty() && after.tails.is_empty() {
+        let only_blocking = after.nonblocking.is_empty() && after.tails.is_empty();
+        if only_blocking || self.order == FreeOrder::Barrier {
             if !self.on_legacy_stream.swap(true, Relaxed) {
-                log::debug!("device {}: no non-blocking stream: the legacy stream orders frees", self.ordinal);
+                log::debug!("device {}: frees go on the legacy stream", self.ordinal);
             }
-            // Recorded before the free: the mark covers all the work before it.
-            driver.record(self.legacy_free_mark, Stream::LEGACY)?;
-            driver.free_async(ptr, Stream::LEGACY)?;
+            self.free_on_legacy_stream(driver, ptr, after)?;
             map.returned(ptr);
-            counters.legacy_stream_frees.fetch_add(1, Relaxed);
+            let path = if only_blocking { &counters.legacy_stream_frees } else { &counters.barrier_frees };
+            path.fetch_add(1, Relaxed);
             return Ok(());
         }
         if self.on_legacy_stream.swap(false, Relaxed) {
@@ -257,6 +259,31 @@ impl Device {
         frees.bytes += size;
         frees.queue.push_back(PendingFree { ptr, size, done });
         Ok(())
+    }
+
+    /// Frees `ptr` on the legacy stream, which orders every blocking stream.
+    /// Non-blocking streams are ordered by waits on the GPU, as the real
+    /// `cudaFree` orders them on the host: the legacy stream waits for their
+    /// work before the free, and their later work waits for the legacy work
+    /// before it (the block may be reused at once on the legacy stream).
+    /// Neither can deadlock where the real `cudaFree` would not: every wait
+    /// is for work issued before the free.
+    fn free_on_legacy_stream(&self, driver: &Driver, ptr: u64, after: &Predecessors) -> CuResult<()> {
+        let frees = self.lock_frees();
+        for stream in after.nonblocking {
+            driver.record(frees.scratch, *stream)?;
+            driver.wait_event(Stream::LEGACY, frees.scratch)?;
+        }
+        for tail in after.tails {
+            driver.wait_event(Stream::LEGACY, *tail)?;
+        }
+        // The mark covers all the work before the free (the free is no work).
+        driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+        for stream in after.nonblocking {
+            driver.wait_event(*stream, self.legacy_free_mark)?;
+        }
+        // Last: if anything above failed, the block stays allocated (never reused unsafely).
+        driver.free_async(ptr, Stream::LEGACY)
     }
 
     /// A non-blocking stream is being made: from now on frees join it, and

@@ -17,6 +17,8 @@ pub struct DeviceCounters {
     pub pool_free_bytes: AtomicU64,
     /// Frees ordered by the legacy stream alone (no non-blocking stream then).
     pub legacy_stream_frees: AtomicU64,
+    /// Frees on the legacy stream with non-blocking streams ordered by waits.
+    pub barrier_frees: AtomicU64,
     pub in_use: AtomicU64,
     pub peak_in_use: AtomicU64,
     /// Times an allocation waited on the host for pending frees
@@ -151,6 +153,7 @@ impl Stats {
                 }
             }
             count(&mut out, "frees on the legacy stream", d.legacy_stream_frees.load(Relaxed));
+            count(&mut out, "frees as barriers", d.barrier_frees.load(Relaxed));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));

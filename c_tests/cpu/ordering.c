@@ -7,7 +7,10 @@
  * (the double checks the outcome, whatever the mechanism: a stream waiting on
  * them, or the host seeing them pass). A destroyed stream is no longer
  * recorded on. By default cudaFree does not block the host; with
- * SOMA_FREE_SYNC=1 (and natively) the device is idle when it returns. */
+ * SOMA_FREE_SYNC=1 (and natively) the device is idle when it returns. A
+ * block reused at once (SOMA_FREE_ORDER=barrier) must not be used by work on
+ * any stream that may run alongside the work before the free (the double
+ * counts that as unordered_uses). */
 #include "common.h"
 
 struct fakecuda_stream_stats st(cudaStream_t s) {
@@ -46,6 +49,7 @@ static void free_and_check(void *p, cudaStream_t *nb, int n_nb, const char *labe
   CHECK_EQ(ptr_kind(p), FAKECUDA_NONE);
   if (pool) CHECK(DELTA(b, m, pool_frees) >= 1);
   CHECK_EQ(DELTA(b, m, unordered_frees), 0);
+  CHECK_EQ(DELTA(b, m, unordered_uses), 0);
   CHECK_EQ(DELTA(b, m, invalid_handles), 0);
   CHECK_EQ(DELTA(b, m, drv_invalid_frees), 0);
   show_problem(label);
@@ -124,6 +128,7 @@ int main(void) {
   nudge();
   m = snap();
   CHECK_EQ(DELTA(b, m, unordered_frees), 0);
+  CHECK_EQ(DELTA(b, m, unordered_uses), 0);
   CHECK_BALANCED(b, m, pool);
   CHECK_BALANCED(b, m, plain);
   show_problem("loop");

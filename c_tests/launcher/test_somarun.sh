@@ -35,7 +35,7 @@ fail() {
 }
 
 VARS=(LD_PRELOAD SOMA_STATS SOMA_TRACE SOMA_RELEASE_THRESHOLD SOMA_POOL SOMA_MIN_BYTES
-  SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_PENDING_FREE_LIMIT SOMA_MEMINFO
+  SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_MEMINFO
   SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE)
 
 # --- fixtures ---------------------------------------------------------------
@@ -65,7 +65,7 @@ PROBE=$TMP/probe
 cat >"$PROBE" <<'EOF'
 #!/usr/bin/env bash
 for v in LD_PRELOAD SOMA_STATS SOMA_TRACE SOMA_RELEASE_THRESHOLD SOMA_POOL SOMA_MIN_BYTES \
-  SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_PENDING_FREE_LIMIT SOMA_MEMINFO \
+  SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_MEMINFO \
   SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE; do
   if [ -n "${!v+x}" ]; then printf '%s=%s\n' "$v" "${!v}"; else printf '%s<unset>\n' "$v"; fi
 done
@@ -198,11 +198,11 @@ run "$SOMARUN" --lib "$LIB_A" -- "$PROBE"
 expect_vars "no options: only LD_PRELOAD set" "LD_PRELOAD=$LIB_A"
 
 run "$SOMARUN" --lib "$LIB_A" --stats=s.txt --trace t.csv --threshold=0 --pool own --min-bytes 2K \
-  --max-bytes=1G --free-sync --pending-free-limit=1MiB --meminfo real --passthrough-callers=libnccl \
+  --max-bytes=1G --free-sync --free-order join --pending-free-limit=1MiB --meminfo real --passthrough-callers=libnccl \
   --log trace --disable -- "$PROBE"
 expect_vars "all options together" "LD_PRELOAD=$LIB_A" SOMA_STATS=s.txt SOMA_TRACE=t.csv \
   SOMA_RELEASE_THRESHOLD=0 SOMA_POOL=own SOMA_MIN_BYTES=2K SOMA_MAX_BYTES=1G SOMA_FREE_SYNC=1 \
-  SOMA_PENDING_FREE_LIMIT=1MiB SOMA_MEMINFO=real SOMA_PASSTHROUGH_CALLERS=libnccl SOMA_LOG=trace \
+  SOMA_FREE_ORDER=join SOMA_PENDING_FREE_LIMIT=1MiB SOMA_MEMINFO=real SOMA_PASSTHROUGH_CALLERS=libnccl SOMA_LOG=trace \
   SOMA_DISABLE=1
 
 run "$SOMARUN" --lib "$LIB_A" --pool own --pool=default -- "$PROBE"
