@@ -95,8 +95,8 @@ awk '
   function ru(mode, k, in_use) { return (in_use > 0 && used[mode, k] != "") ? sprintf("%.2f", used[mode, k] / in_use) : "-" }
   function row(name, k, in_use) {
     r = us[1, k]; rl = us[2, k]; m = us[3, k]; mn = us[4, k]; a = us[5, k]; y = us[6, k]
-    printf "%-12s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9s %9s %9s %6s %6s\n", name, r, rl, m, mn, a, y, \
-      ratio(r, m), ratio(m, a), ratio(mn, a), ru(3, k, in_use), ru(4, k, in_use)
+    printf "%-12s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9s %9s %9s %6s %6s %6s\n", name, r, rl, m, mn, a, y, \
+      ratio(r, m), ratio(m, a), ratio(mn, a), ru(3, k, in_use), ru(4, k, in_use), ru(5, k, in_use)
   }
   # 1 real, 2 real with a live block, 3 shim, 4 shim with an idle non-blocking stream, 5 async, 6 shim with SOMA_FREE_SYNC=1
   FNR == 1 { mode++ }
@@ -104,8 +104,8 @@ awk '
   $1 == "scenario" { if (mode == 1) sorder[++ns] = $2; us[mode, $2] = $4; used[mode, $2] = $10; inuse[$2] = $8 }
   $1 == "stall"    { us[mode, "stall"] = $3 }
   END {
-    printf "%-12s %8s %8s %8s %8s %8s %8s %9s %9s %9s %6s %6s\n", "scenario", "real", "real*", "shim", "shim+nb", \
-      "async", "sync", "real/shim", "shim/asy", "+nb/asy", "r/u", "+nb r/u"
+    printf "%-12s %8s %8s %8s %8s %8s %8s %9s %9s %9s %6s %6s %6s\n", "scenario", "real", "real*", "shim", "shim+nb", \
+      "async", "sync", "real/shim", "shim/asy", "+nb/asy", "r/u", "+nb", "async"
     for (i = 1; i <= n; i++) { k = order[i]; row(human(k), k, (k < 1048576 ? 1048576 : k) / 1048576) }
     for (i = 1; i <= ns; i++) { k = sorder[i]; row(k, k, inuse[k]) }
     row("stall", "stall", 0)
@@ -122,7 +122,7 @@ awk '
     printf "  non-blocking stream.\n"
     printf "r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a proxy for the pool'\''s\n"
     printf "  reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held (sizes: the size\n"
-    printf "  itself, at least 1 MiB); for shim and shim+nb.\n"
+    printf "  itself, at least 1 MiB); for shim, shim+nb and async (the device'\''s default pool).\n"
   }' "$BUILD/bench.real.out" "$BUILD/bench.reallive.out" "$BUILD/bench.shim.out" "$BUILD/bench.shimnb.out" \
   "$BUILD/bench.async.out" "$BUILD/bench.shimsync.out"
 

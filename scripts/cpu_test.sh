@@ -269,10 +269,10 @@ compare "ptrmap, runtime resolving the driver by cuGetProcAddress" ptrmap FAKECU
 compare "ordering" ordering
 compare "ordering SOMA_FREE_SYNC=1" ordering SOMA_FREE_SYNC=1
 compare "ordering SOMA_POOL=default" ordering SOMA_POOL=default
-compare "ordering SOMA_FREE_ORDER=join" ordering SOMA_FREE_ORDER=join
+compare "ordering SOMA_FREE_ORDER=barrier" ordering SOMA_FREE_ORDER=barrier
 compare "free after destroying a stream with pending work" stream_destroy_pending
-compare "free after destroying a stream with pending work, SOMA_FREE_ORDER=join" stream_destroy_pending \
-  SOMA_FREE_ORDER=join
+compare "free after destroying a stream with pending work, SOMA_FREE_ORDER=barrier" stream_destroy_pending \
+  SOMA_FREE_ORDER=barrier
 compare "only blocking streams: the legacy stream orders frees" legacy_stream
 compare "only blocking streams, SOMA_POOL=default" legacy_stream SOMA_POOL=default
 compare "SOMA_PENDING_FREE_LIMIT=4MiB, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_FREE_ORDER=join \
@@ -305,7 +305,7 @@ bad_config SOMA_REUSE_INTERNAL_DEPS x
 bad_config SOMA_PENDING_FREE_LIMIT lots
 # 5. threads
 compare "threads (8 x 2000)" threads
-compare "threads (8 x 2000), SOMA_FREE_ORDER=join" threads SOMA_FREE_ORDER=join
+compare "threads (8 x 2000), SOMA_FREE_ORDER=barrier" threads SOMA_FREE_ORDER=barrier
 # 6. processes without CUDA
 no_cuda "no-CUDA program" "$BIN/nocuda"
 no_cuda "no-CUDA: /bin/true" /bin/true

@@ -230,8 +230,8 @@ pub static VARIABLES: &[Variable] = &[
     Variable {
         name: "SOMA_FREE_ORDER",
         kind: Kind::FreeOrder,
-        default: "barrier",
-        doc: "With non-blocking streams, barrier: each free orders them and the legacy stream on the GPU as the real cudaFree does on the host (blocks reused at once); join: streams stay independent, blocks return once the GPU has passed the free.",
+        default: "join",
+        doc: "With non-blocking streams, join: streams stay independent, blocks return once the GPU has passed the free; barrier: each free orders them and the legacy stream on the GPU as the real cudaFree does on the host (blocks reused at once).",
         store: store!(free_order, FreeOrder),
     },
     Variable {
@@ -326,7 +326,7 @@ impl Config {
             min_bytes: 0,
             max_bytes: 0,
             free_sync: false,
-            free_order: FreeOrder::Barrier,
+            free_order: FreeOrder::Join,
             pending_free_limit: 0,
             stats: StatsOutput::Off,
             trace: None,
@@ -429,7 +429,7 @@ mod tests {
         assert!(c.reuse_follow_event_deps && c.reuse_opportunistic && !c.reuse_internal_deps);
         assert_eq!((c.min_bytes, c.max_bytes), (1, u64::MAX));
         assert!(!c.free_sync);
-        assert_eq!(c.free_order, FreeOrder::Barrier);
+        assert_eq!(c.free_order, FreeOrder::Join);
         assert_eq!(c.pending_free_limit, 256 << 20);
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
@@ -482,7 +482,7 @@ mod tests {
             ("SOMA_MIN_BYTES", "1KiB"),
             ("SOMA_MAX_BYTES", "1G"),
             ("SOMA_FREE_SYNC", "true"),
-            ("SOMA_FREE_ORDER", "join"),
+            ("SOMA_FREE_ORDER", "barrier"),
             ("SOMA_PENDING_FREE_LIMIT", "1M"),
             ("SOMA_STATS", "1"),
             ("SOMA_TRACE", "/tmp/t.csv"),
@@ -497,7 +497,7 @@ mod tests {
         assert!(!c.reuse_follow_event_deps && !c.reuse_opportunistic && c.reuse_internal_deps);
         assert_eq!((c.min_bytes, c.max_bytes), (1024, 1 << 30));
         assert!(c.free_sync);
-        assert_eq!(c.free_order, FreeOrder::Join);
+        assert_eq!(c.free_order, FreeOrder::Barrier);
         assert_eq!(c.pending_free_limit, 1 << 20);
         assert_eq!(c.stats, StatsOutput::Stderr);
         assert_eq!(c.trace.as_deref(), Some("/tmp/t.csv"));
