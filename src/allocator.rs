@@ -473,7 +473,9 @@ impl Allocator {
             Err(e) => return log::warn!("cannot find the context of a new stream: {e:?}"),
         };
         let mut registry = lock(&self.streams);
-        registry.of(context).nonblocking.push(stream);
+        let streams = &mut registry.of(context).nonblocking;
+        streams.push(stream);
+        log::debug!("non-blocking stream {:?} made: {} live in its context", stream.0, streams.len());
         let devices = read(&self.devices);
         let pooled = devices.iter().filter_map(|slot| match slot {
             DeviceSlot::Pooled(device) => Some(device),
