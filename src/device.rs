@@ -13,8 +13,12 @@
 //! the last free (the *legacy free mark*). That work was finished when the
 //! real `cudaFree` returned, so this waits no longer than the program did.
 //!
-//! *Non-blocking streams too*: a freed block does not go to the pool at
-//! once. The shim records an event on the legacy stream and on every live
+//! *Non-blocking streams too*, `SOMA_FREE_ORDER=barrier`: frees stay on the
+//! legacy stream, and the non-blocking streams are ordered by waits on the
+//! GPU (see `free_on_legacy_stream`). Three driver calls per stream and free.
+//!
+//! *Non-blocking streams too*, `SOMA_FREE_ORDER=join` (the default): a freed
+//! block does not go to the pool at once. The shim records an event on the legacy stream and on every live
 //! non-blocking stream, makes the shim's *join stream* wait for them (and for
 //! the last work of destroyed streams), records one *done* event there, and
 //! keeps the block in a queue of *pending frees*. Once the host sees an
