@@ -118,6 +118,17 @@ static inline void show_problem(const char *where) {
   if (p && *p) printf("# fakecuda (%s): %s\n", where, p);
 }
 
+/* Between the snapshots b and m: no free and no use of a block out of order,
+ * no stale handle, no bad free reached the driver. */
+#define CHECK_ORDERLY(b, m, label)                                 \
+  do {                                                             \
+    CHECK_EQ(DELTA(b, m, unordered_frees), 0);                     \
+    CHECK_EQ(DELTA(b, m, unordered_uses), 0);                      \
+    CHECK_EQ(DELTA(b, m, invalid_handles), 0);                     \
+    CHECK_EQ(DELTA(b, m, drv_invalid_frees), 0);                   \
+    show_problem(label);                                           \
+  } while (0)
+
 /* cudaGetLastError must give `code` once, then cudaSuccess. */
 #define CHECK_LAST_ERROR_ONCE(code)                                   \
   do {                                                                \

@@ -23,11 +23,7 @@ static void free_busy(void *p, const char *label, int expect_at_once) {
 
 static void check_clean(struct fakecuda_counters b, const char *label) {
   struct fakecuda_counters m = snap();
-  CHECK_EQ(DELTA(b, m, unordered_frees), 0);
-  CHECK_EQ(DELTA(b, m, unordered_uses), 0);
-  CHECK_EQ(DELTA(b, m, invalid_handles), 0);
-  CHECK_EQ(DELTA(b, m, drv_invalid_frees), 0);
-  show_problem(label);
+  CHECK_ORDERLY(b, m, label);
 }
 
 int main(void) {

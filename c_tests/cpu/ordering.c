@@ -48,11 +48,7 @@ static void free_and_check(void *p, cudaStream_t *nb, int n_nb, const char *labe
   m = snap();
   CHECK_EQ(ptr_kind(p), FAKECUDA_NONE);
   if (pool) CHECK(DELTA(b, m, pool_frees) >= 1);
-  CHECK_EQ(DELTA(b, m, unordered_frees), 0);
-  CHECK_EQ(DELTA(b, m, unordered_uses), 0);
-  CHECK_EQ(DELTA(b, m, invalid_handles), 0);
-  CHECK_EQ(DELTA(b, m, drv_invalid_frees), 0);
-  show_problem(label);
+  CHECK_ORDERLY(b, m, label);
 }
 
 int main(void) {
