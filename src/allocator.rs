@@ -27,7 +27,8 @@ pub struct Allocator {
     map: PointerMap,
     /// Indexed by device ordinal: not yet seen, cannot be pooled, or its pool.
     devices: RwLock<Vec<DeviceSlot>>,
-    streams: Mutex<StreamRegistry>,
+    /// Read by frees (which may run at once), written when streams come and go.
+    streams: RwLock<StreamRegistry>,
     /// Captures in progress, keyed by stream and, for the per-thread default
     /// stream (one handle, many streams), by thread. Held for reading while a
     /// free records events, so no capture can begin in between.
@@ -105,7 +106,7 @@ pub fn get() -> &'static Allocator {
             trace,
             map: PointerMap::default(),
             devices: RwLock::new(Vec::new()),
-            streams: Mutex::new(StreamRegistry::default()),
+            streams: RwLock::new(StreamRegistry::default()),
             captures: RwLock::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
@@ -338,10 +339,15 @@ impl Allocator {
             return;
         };
         let result = driver.with_context(device.context, || {
-            let mut registry = lock(&self.streams);
-            let streams = registry.of(device.context);
-            streams.retire_passed_tails(driver);
-            let after = Predecessors { nonblocking: &streams.nonblocking, tails: &streams.tails };
+            if read(&self.streams).streams_of(device.context).is_some_and(|s| !s.tails.is_empty()) {
+                write(&self.streams).of(device.context).retire_passed_tails(driver);
+            }
+            // Held through the free: no stream of the context is made or destroyed meanwhile.
+            let registry = read(&self.streams);
+            let after = match registry.streams_of(device.context) {
+                Some(streams) => Predecessors { nonblocking: &streams.nonblocking, tails: &streams.tails },
+                None => Predecessors { nonblocking: &[], tails: &[] },
+            };
             device.free(driver, ptr, block.size, &after, self.stats.device(device.ordinal), &self.map)
         });
         if let Err(e) = result.and_then(|r| r) {
@@ -472,7 +478,7 @@ impl Allocator {
             Ok(context) => context,
             Err(e) => return log::warn!("cannot find the context of a new stream: {e:?}"),
         };
-        let mut registry = lock(&self.streams);
+        let mut registry = write(&self.streams);
         let streams = &mut registry.of(context).nonblocking;
         streams.push(stream);
         log::debug!("non-blocking stream {:?} made: {} live in its context", stream.0, streams.len());
@@ -491,7 +497,7 @@ impl Allocator {
     /// Called before a stream is destroyed: its last work stays a
     /// predecessor of later frees until the GPU has passed it.
     pub fn stream_destroying(&self, driver: &Driver, stream: Stream) {
-        let mut registry = lock(&self.streams);
+        let mut registry = write(&self.streams);
         let Some((context, streams)) = registry.holding(stream) else {
             return;
         };
@@ -580,7 +586,7 @@ impl Allocator {
         };
         lock(&self.peer_grants).retain(|&(_, accessor)| accessor != ordinal);
         let device = removed?;
-        lock(&self.streams).forget_context(device.context);
+        write(&self.streams).forget_context(device.context);
         log::debug!("device {ordinal}: forgot the pool and {} pointer(s)", live.len() + deferred.len());
         Some((device, live.iter().map(|(ptr, _)| *ptr).chain(deferred).collect()))
     }
@@ -620,6 +626,11 @@ impl StreamRegistry {
             }
         };
         &mut self.contexts[index].1
+    }
+
+    /// The streams of `context`, if any was registered.
+    fn streams_of(&self, context: Context) -> Option<&ContextStreams> {
+        self.contexts.iter().find(|(c, _)| *c == context).map(|(_, streams)| streams)
     }
 
     /// The context holding the live non-blocking `stream`, with its streams.

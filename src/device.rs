@@ -40,7 +40,7 @@
 //! to what is in use.
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -73,6 +73,9 @@ pub struct Device {
     internal_deps: bool,
     pending_free_limit: u64,
     frees: Mutex<PendingFrees>,
+    /// `frees.queue.len()`, readable without the lock: allocations skip it
+    /// while nothing is queued (only blocking streams, or `barrier`).
+    queued: AtomicUsize,
 }
 
 /// Asking whether frees have passed costs a driver call that also flushes
@@ -148,6 +151,7 @@ impl Device {
                 spare_events: Vec::new(),
                 scratch: driver.create_event()?,
             }),
+            queued: AtomicUsize::new(0),
         })
     }
 
@@ -164,7 +168,7 @@ impl Device {
         counters: &DeviceCounters,
         map: &PointerMap,
     ) -> Result<u64, AllocFailure> {
-        {
+        if self.queued.load(Relaxed) > 0 {
             let mut frees = self.lock_frees();
             self.return_passed(driver, &mut frees, map);
             while frees.bytes > self.pending_free_limit {
@@ -262,6 +266,7 @@ impl Device {
         }
         frees.bytes += size;
         frees.queue.push_back(PendingFree { ptr, size, done });
+        self.queued.store(frees.queue.len(), Relaxed);
         Ok(())
     }
 
@@ -361,6 +366,7 @@ impl Device {
     /// hand it out again at once.
     fn give_back(&self, driver: &Driver, frees: &mut PendingFrees, passed: PendingFree, map: &PointerMap) {
         frees.bytes -= passed.size;
+        self.queued.store(frees.queue.len(), Relaxed);
         if let Err(e) = driver.free_async(passed.ptr, self.pool_stream) {
             log::warn!("device {}: returning {} bytes to the pool failed: {e:?}", self.ordinal, passed.size);
         }
