@@ -244,7 +244,7 @@ impl Device {
     ) -> CuResult<()> {
         let only_blocking = after.nonblocking.is_empty() && after.tails.is_empty();
         if only_blocking || self.order == FreeOrder::Barrier {
-            if !self.on_legacy_stream.swap(true, Relaxed) {
+            if self.switch_streams(true) {
                 log::debug!("device {}: frees go on the legacy stream", self.ordinal);
             }
             self.free_on_legacy_stream(driver, ptr, after)?;
@@ -253,7 +253,7 @@ impl Device {
             path.fetch_add(1, Relaxed);
             return Ok(());
         }
-        if self.on_legacy_stream.swap(false, Relaxed) {
+        if self.switch_streams(false) {
             log::debug!("device {}: non-blocking streams: frees join them", self.ordinal);
         }
         let mut frees = self.lock_frees();
@@ -293,6 +293,12 @@ impl Device {
         }
         // Last: if anything above failed, the block stays allocated (never reused unsafely).
         driver.free_async(ptr, Stream::LEGACY)
+    }
+
+    /// Sets whether allocations go on the legacy stream; true if that changed.
+    /// Written only on a change: every free of every thread asks.
+    fn switch_streams(&self, on_legacy: bool) -> bool {
+        self.on_legacy_stream.load(Relaxed) != on_legacy && self.on_legacy_stream.swap(on_legacy, Relaxed) != on_legacy
     }
 
     /// A non-blocking stream is being made: from now on frees join it, and
