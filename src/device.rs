@@ -278,15 +278,23 @@ impl Device {
     /// Neither can deadlock where the real `cudaFree` would not: every wait
     /// is for work issued before the free.
     fn free_on_legacy_stream(&self, driver: &Driver, ptr: u64, after: &Predecessors) -> CuResult<()> {
-        let frees = self.lock_frees();
-        for stream in after.nonblocking {
-            driver.record(frees.scratch, *stream)?;
-            driver.wait_event(Stream::LEGACY, frees.scratch)?;
+        // The scratch event is shared, so one free at a time may use it. With
+        // no non-blocking stream nothing does, and frees of several threads
+        // must not queue here: a thread that sleeps on a taken lock loses tens
+        // of microseconds (measured, scripts/probe/thread_cost.cu).
+        let frees = (!after.nonblocking.is_empty()).then(|| self.lock_frees());
+        if let Some(frees) = &frees {
+            for stream in after.nonblocking {
+                driver.record(frees.scratch, *stream)?;
+                driver.wait_event(Stream::LEGACY, frees.scratch)?;
+            }
         }
         for tail in after.tails {
             driver.wait_event(Stream::LEGACY, *tail)?;
         }
         // The mark covers all the work before the free (the free is no work).
+        // Frees of several threads may record it at once: the last record
+        // covers every free before it, which is all `leave_legacy_stream` needs.
         driver.record(self.legacy_free_mark, Stream::LEGACY)?;
         for stream in after.nonblocking {
             driver.wait_event(*stream, self.legacy_free_mark)?;
