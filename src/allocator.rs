@@ -164,13 +164,9 @@ impl Allocator {
         !read(&self.captures).is_empty()
     }
 
-    /// Allocates `size` bytes in the current context's device pool for the
-    /// code at `caller` (its return address).
-    pub fn alloc(&self, driver: &Driver, size: u64, caller: usize) -> Result<u64, Passthrough> {
-        let context = match driver.current_context() {
-            Ok(Some(context)) => context,
-            _ => return Err(Passthrough::NoContext),
-        };
+    /// Allocates `size` bytes in the pool of the device of `context` (the
+    /// current one) for the code at `caller` (its return address).
+    pub fn alloc(&self, driver: &Driver, context: Context, size: u64, caller: usize) -> Result<u64, Passthrough> {
         let device = self.device(driver, context)?;
         self.issue_deferred_frees(driver);
         // Held through the allocation: no capture may begin while it may use the legacy stream.

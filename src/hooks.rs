@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::allocator::{self, Allocator, Freed};
 use crate::config::{MemInfo, StatsOutput};
 use crate::stats::Timing;
-use crate::driver::{self, Driver, Stream};
+use crate::driver::{self, Context, Driver, Stream};
 use crate::passthrough::Passthrough;
 use crate::real::SUCCESS;
 
@@ -93,18 +93,23 @@ fn pool_alloc(
     if allocator.capture_in_progress() {
         return Err(Passthrough::StreamCapture);
     }
-    allocator.alloc(driver_with_context(make_context_current)?, size, caller)
+    let (driver, context) = driver_and_context(make_context_current)?;
+    allocator.alloc(driver, context, size, caller)
 }
 
-fn driver_with_context(make_context_current: impl FnOnce() -> bool) -> Result<&'static Driver, Passthrough> {
-    let has_context = |driver: &Driver| matches!(driver.current_context(), Ok(Some(_)));
-    if let Some(driver) = driver::loaded().filter(|d| has_context(d)) {
-        return Ok(driver);
+/// The driver and the current context, made current first where none is.
+fn driver_and_context(make_context_current: impl FnOnce() -> bool) -> Result<(&'static Driver, Context), Passthrough> {
+    let current = || {
+        let driver = driver::loaded()?;
+        driver.current_context().ok().flatten().map(|context| (driver, context))
+    };
+    if let Some(found) = current() {
+        return Ok(found);
     }
     if !make_context_current() {
         return Err(Passthrough::NoContext);
     }
-    driver::loaded().filter(|d| has_context(d)).ok_or(Passthrough::NoContext)
+    current().ok_or(Passthrough::NoContext)
 }
 
 /// `cudaFree`/`cuMemFree`. During a capture the real free either fails (and
