@@ -16,16 +16,28 @@ static int cmp(const void *a, const void *b) { double x = *(double *)a, y = *(do
 static double median(double *t, int n) { qsort(t, n, sizeof *t, cmp); return t[n / 2]; }
 
 enum { REPS = 2000, MAX_THREADS = 8 };
-enum Variant { RUNTIME_ASYNC, DRIVER_POOL, SHARED_RECORD, SHARED_RECORD_MUTEX, OWN_RECORD, MUTEX_ONLY, VARIANTS };
+enum Variant { RUNTIME_ASYNC, DRIVER_POOL, SHARED_RECORD, SHARED_RECORD_MUTEX, OWN_RECORD, MUTEX_ONLY, CONTEXT_QUERIES, VARIANTS };
 static const char *names[] = {"cudaMallocAsync/cudaFreeAsync(0)", "pool alloc/free on legacy (driver)",
                               "+ record a shared event before free", "+ shared record, mutex over record+free",
-                              "+ record a per-thread event", "+ mutex over free only"};
+                              "+ record a per-thread event", "+ mutex over free only",
+                              "+ shared record, the shim's context queries"};
 static CUmemoryPool pool;
 static CUcontext ctx;
 static CUevent shared_mark;
 static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
 static int variant;
 static double times[MAX_THREADS * REPS];
+
+/* What the shim asks the driver on each call: the current context, its
+ * device and ID (a reset shows as a new ID). */
+static void context_queries(void) {
+  CUcontext c;
+  CUdevice d;
+  unsigned long long id;
+  cuCtxGetCurrent(&c);
+  cuCtxGetDevice(&d);
+  cuCtxGetId(c, &id);
+}
 
 static void *churn(void *arg) {
   int id = (int)(long)arg;
@@ -35,15 +47,17 @@ static void *churn(void *arg) {
   for (int r = -100; r < REPS; r++) {
     double t0 = now_us();
     CUdeviceptr p = 0;
+    if (variant == CONTEXT_QUERIES) context_queries();
     if (variant == RUNTIME_ASYNC) cudaMallocAsync((void **)&p, 1 << 20, 0);
     else cuMemAllocFromPoolAsync(&p, 1 << 20, pool, CU_STREAM_LEGACY);
     touch<<<1, 32>>>((int *)p);
     if (variant == RUNTIME_ASYNC) {
       cudaFreeAsync((void *)p, 0);
     } else {
+      if (variant == CONTEXT_QUERIES) context_queries();
       int locked = variant == SHARED_RECORD_MUTEX || variant == MUTEX_ONLY;
       if (locked) pthread_mutex_lock(&mutex);
-      if (variant == SHARED_RECORD || variant == SHARED_RECORD_MUTEX) cuEventRecord(shared_mark, CU_STREAM_LEGACY);
+      if (variant == SHARED_RECORD || variant == SHARED_RECORD_MUTEX || variant == CONTEXT_QUERIES) cuEventRecord(shared_mark, CU_STREAM_LEGACY);
       if (variant == OWN_RECORD) cuEventRecord(own, CU_STREAM_LEGACY);
       cuMemFreeAsync(p, CU_STREAM_LEGACY);
       if (locked) pthread_mutex_unlock(&mutex);
