@@ -50,7 +50,7 @@ env | grep '^SOMA_' | sed 's/^/setting: /'
 
 # Each part in a process of its own, so that no part's figures include what
 # the pool cached for an earlier one. Modes: name, environment, churn argument.
-PARTS="size:256 size:1048576 size:16777216 size:268435456 size:1073741824 nlp threads streams stall"
+PARTS="size:256 size:1048576 size:16777216 size:268435456 size:1073741824 nlp threads threads-legacy streams stall"
 MODES=(
   "real|-|real"
   "reallive|CHURN_LIVE_BLOCK=1|real"
@@ -117,7 +117,8 @@ awk '
     printf "  non-blocking stream made at start (the shim joins it at every free); async: rewritten with\n"
     printf "  cudaMallocAsync/cudaFreeAsync on one stream (threshold max); sync: the shim with SOMA_FREE_SYNC=1.\n"
     printf "nlp: 8 live blocks of 4 KiB..128 MiB, the oldest freed each time; threads4: 4 host threads churning\n"
-    printf "  1 MiB blocks, each on its own non-blocking stream; streams4x4G: four 4 GiB blocks live, one per\n"
+    printf "  1 MiB blocks, each on its own non-blocking stream; threads4-legacy: the same on the legacy stream;\n"
+    printf "  streams4x4G: four 4 GiB blocks live, one per\n"
     printf "  non-blocking stream (time of a whole round); stall: a 256 B pair while a ~1 ms kernel runs on a\n"
     printf "  non-blocking stream.\n"
     printf "r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a proxy for the pool'\''s\n"

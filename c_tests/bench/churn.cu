@@ -16,8 +16,8 @@
  * Environment: CHURN_LIVE_BLOCK=1 keeps one 4 KiB block allocated throughout;
  * CHURN_IDLE_STREAM=1 makes an idle non-blocking stream before the size
  * loops (the shim then orders frees after it too; without one, on the legacy
- * stream); CHURN_THREADS and CHURN_THREAD_LEGACY shape the threads scenario
- * (see there). A second argument runs one part only (see main).
+ * stream); CHURN_THREADS=n sets the number of host threads of the
+ * threads parts (default 4). A second argument runs one part only (see main).
  *
  * Scenarios after the size loops (host time of one alloc+free pair, median):
  *   nlp        varying sizes as NLP workloads make: 8 blocks live in a ring,
@@ -25,6 +25,8 @@
  *              (seeded random, log-uniform), touched by a kernel
  *   threads4   4 host threads, each churning 1 MiB blocks on its own
  *              non-blocking stream
+ *   threads4-legacy  the same, all on the legacy stream (tells the cost of
+ *              many threads from that of many streams)
  *   streams4x4G  4 blocks of 4 GiB live at once, one per non-blocking stream,
  *              a kernel on each, then all freed (time of the whole round)
  * Each also reports the peak bytes the program held and the peak of
@@ -128,9 +130,8 @@ static void scenario_nlp(cudaStream_t s, long long base, double *t) {
   report("nlp", t, REPS, peak_in_use, peak_used);
 }
 
-/* threads4: four host threads churning 1 MiB blocks on their own streams
- * (CHURN_THREADS=n: n threads; CHURN_THREAD_LEGACY=1: all on the legacy
- * stream, which tells the cost of many streams from that of many threads). */
+/* threads4: four host threads churning 1 MiB blocks on their own streams,
+ * or (`legacy`) all on the legacy stream; CHURN_THREADS=n: n threads. */
 enum { MAX_THREADS = 16, THREAD_REPS = 1000 };
 static double g_thread_times[MAX_THREADS * THREAD_REPS];
 static int g_threads = 4, g_thread_legacy = 0;
@@ -151,10 +152,10 @@ static void *churn_thread(void *arg) {
   if (s) CK(cudaStreamDestroy(s));
   return NULL;
 }
-static void scenario_threads(long long base) {
-  const char *n = getenv("CHURN_THREADS"), *l = getenv("CHURN_THREAD_LEGACY");
+static void scenario_threads(long long base, int legacy) {
+  const char *n = getenv("CHURN_THREADS");
   if (n && atoi(n) > 0 && atoi(n) <= MAX_THREADS) g_threads = atoi(n);
-  g_thread_legacy = l && *l && strcmp(l, "0") != 0;
+  g_thread_legacy = legacy;
   pthread_t th[MAX_THREADS];
   for (int i = 0; i < g_threads; i++) pthread_create(&th[i], NULL, churn_thread, (void *)(intptr_t)i);
   for (int i = 0; i < g_threads; i++) pthread_join(th[i], NULL);
@@ -238,15 +239,15 @@ static int flag(const char *name) {
   return v && *v && strcmp(v, "0") != 0;
 }
 
-/* churn real|async [PART]: PART is size:<bytes>, nlp, threads, streams or
- * stall; without one, every part in turn in this process (then the pool
- * keeps what earlier parts cached, and the memory figures of later parts
- * include it). */
+/* churn real|async [PART]: PART is size:<bytes>, nlp, threads,
+ * threads-legacy, streams or stall; without one, every part in turn in this
+ * process (then the pool keeps what earlier parts cached, and the memory
+ * figures of later parts include it). */
 int main(int argc, char **argv) {
   g_async = argc > 1 && strcmp(argv[1], "async") == 0;
   const char *part = argc > 2 ? argv[2] : NULL;
   if (argc < 2 || argc > 3 || (!g_async && strcmp(argv[1], "real") != 0)) {
-    fprintf(stderr, "usage: %s real|async [size:<bytes>|nlp|threads|streams|stall]\n", argv[0]);
+    fprintf(stderr, "usage: %s real|async [size:<bytes>|nlp|threads|threads-legacy|streams|stall]\n", argv[0]);
     return 2;
   }
   const size_t sizes[] = {256, 1ULL << 20, 16ULL << 20, 256ULL << 20, 1ULL << 30};
@@ -296,7 +297,11 @@ int main(int argc, char **argv) {
     ran++;
   }
   if (!part || strcmp(part, "threads") == 0) {
-    scenario_threads(base);
+    scenario_threads(base, 0);
+    ran++;
+  }
+  if (!part || strcmp(part, "threads-legacy") == 0) {
+    scenario_threads(base, 1);
     ran++;
   }
   if (!part || strcmp(part, "streams") == 0) {
