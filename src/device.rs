@@ -88,10 +88,10 @@ struct PendingFrees {
     queue: VecDeque<PendingFree>,
     bytes: u64,
     last_probe: Option<Instant>,
+    /// Done events of returned frees, and the events frees record on the
+    /// streams they wait for. Reusing one is safe: a wait binds to the
+    /// record current at the call.
     spare_events: Vec<Event>,
-    /// Recorded on each stream a free must wait for, then waited on by the
-    /// join stream. Reusing it is safe: a wait binds to the record current at the call.
-    scratch: Event,
 }
 
 struct PendingFree {
@@ -149,7 +149,6 @@ impl Device {
                 bytes: 0,
                 last_probe: None,
                 spare_events: Vec::new(),
-                scratch: driver.create_event()?,
             }),
             queued: AtomicUsize::new(0),
         })
@@ -256,11 +255,15 @@ impl Device {
         if self.switch_streams(false) {
             log::debug!("device {}: non-blocking streams: frees join them", self.ordinal);
         }
+        // Outside the lock: frees of several threads join their streams at once.
+        let streams = std::iter::once(&Stream::LEGACY).chain(after.nonblocking);
+        self.with_spare_event(driver, |scratch| self.join_streams(driver, scratch, streams, after.tails))?;
+        // The done events pass in the order of the queue: recorded and queued under one lock.
         let mut frees = self.lock_frees();
         // Earlier frees are likelier done than this one: return them first.
         self.return_passed(driver, &mut frees, map);
         let done = frees.take_event(driver)?;
-        if let Err(e) = self.join_predecessors(driver, frees.scratch, done, after) {
+        if let Err(e) = driver.record(done, self.join_stream) {
             frees.spare_events.push(done);
             return Err(e);
         }
@@ -278,23 +281,22 @@ impl Device {
     /// Neither can deadlock where the real `cudaFree` would not: every wait
     /// is for work issued before the free.
     fn free_on_legacy_stream(&self, driver: &Driver, ptr: u64, after: &Predecessors) -> CuResult<()> {
-        // The scratch event is shared, so one free at a time may use it. With
-        // no non-blocking stream nothing does, and frees of several threads
-        // must not queue here: a thread that sleeps on a taken lock loses tens
-        // of microseconds (measured, scripts/probe/thread_cost.cu).
-        let frees = (!after.nonblocking.is_empty()).then(|| self.lock_frees());
-        if let Some(frees) = &frees {
-            for stream in after.nonblocking {
-                driver.record(frees.scratch, *stream)?;
-                driver.wait_event(Stream::LEGACY, frees.scratch)?;
-            }
+        if !after.nonblocking.is_empty() {
+            self.with_spare_event(driver, |scratch| {
+                for stream in after.nonblocking {
+                    driver.record(scratch, *stream)?;
+                    driver.wait_event(Stream::LEGACY, scratch)?;
+                }
+                Ok(())
+            })?;
         }
         for tail in after.tails {
             driver.wait_event(Stream::LEGACY, *tail)?;
         }
         // The mark covers all the work before the free (the free is no work).
-        // Frees of several threads may record it at once: the last record
-        // covers every free before it, which is all `leave_legacy_stream` needs.
+        // Frees of several threads may record it at once. A wait binds to the
+        // latest record, which covers this free's work and perhaps that of a
+        // concurrent free: still only work issued before a free.
         driver.record(self.legacy_free_mark, Stream::LEGACY)?;
         for stream in after.nonblocking {
             driver.wait_event(*stream, self.legacy_free_mark)?;
@@ -319,18 +321,35 @@ impl Device {
         driver.wait_for(self.legacy_free_mark)
     }
 
-    /// Makes the join stream wait for the work issued so far on the legacy
-    /// stream, each non-blocking stream and each destroyed stream, then
-    /// records `done` there.
-    fn join_predecessors(&self, driver: &Driver, scratch: Event, done: Event, after: &Predecessors) -> CuResult<()> {
-        for stream in std::iter::once(&Stream::LEGACY).chain(after.nonblocking) {
+    /// Makes the join stream wait for the work issued so far on `streams`
+    /// and for `tails`, recording `scratch` on each stream in turn.
+    fn join_streams<'a>(
+        &self,
+        driver: &Driver,
+        scratch: Event,
+        streams: impl Iterator<Item = &'a Stream>,
+        tails: &[Event],
+    ) -> CuResult<()> {
+        for stream in streams {
             driver.record(scratch, *stream)?;
             driver.wait_event(self.join_stream, scratch)?;
         }
-        for tail in after.tails {
+        for tail in tails {
             driver.wait_event(self.join_stream, *tail)?;
         }
-        driver.record(done, self.join_stream)
+        Ok(())
+    }
+
+    /// Runs `f` with a spare event of its own. The lock is held only to take
+    /// the event and give it back: a thread that sleeps on a taken lock loses
+    /// tens of microseconds (measured: four threads whose frees held it over
+    /// two driver calls took 42 us per iteration instead of 5,
+    /// scripts/probe/thread_cost.cu).
+    fn with_spare_event<T>(&self, driver: &Driver, f: impl FnOnce(Event) -> CuResult<T>) -> CuResult<T> {
+        let event = self.lock_frees().take_event(driver)?;
+        let result = f(event);
+        self.lock_frees().spare_events.push(event);
+        result
     }
 
     /// Returns to the pool every pending free, from the oldest, whose work is done.
@@ -434,8 +453,7 @@ impl Device {
         }
         let _ = driver.synchronize_stream(self.pool_stream);
         let queued = frees.queue.iter().map(|f| &f.done);
-        let own = [&frees.scratch, &self.legacy_free_mark];
-        for &event in queued.chain(frees.spare_events.iter()).chain(own) {
+        for &event in queued.chain(frees.spare_events.iter()).chain([&self.legacy_free_mark]) {
             let _ = driver.destroy_event(event);
         }
         let _ = driver.destroy_stream(self.pool_stream);
