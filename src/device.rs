@@ -40,9 +40,9 @@
 //! to what is in use.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::CUmemPool_attribute;
@@ -73,9 +73,10 @@ pub struct Device {
     internal_deps: bool,
     pending_free_limit: u64,
     frees: Mutex<PendingFrees>,
-    /// `frees.queue.len()`, readable without the lock: allocations skip it
-    /// while nothing is queued (only blocking streams, or `barrier`).
-    queued: AtomicUsize,
+    /// Bytes in `frees.queue`, changed under its lock and read without it:
+    /// allocations skip the lock while nothing is queued (only blocking
+    /// streams, or `barrier`), and take it without waiting while under the limit.
+    pending_bytes: AtomicU64,
 }
 
 /// Asking whether frees have passed costs a driver call that also flushes
@@ -86,7 +87,6 @@ const PROBE_INTERVAL: Duration = Duration::from_micros(20);
 /// Frees waiting for the work issued before them, in the order of the frees.
 struct PendingFrees {
     queue: VecDeque<PendingFree>,
-    bytes: u64,
     last_probe: Option<Instant>,
     /// Done events of returned frees, and the events frees record on the
     /// streams they wait for. Reusing one is safe: a wait binds to the
@@ -146,11 +146,10 @@ impl Device {
             pending_free_limit: config.pending_free_limit,
             frees: Mutex::new(PendingFrees {
                 queue: VecDeque::new(),
-                bytes: 0,
                 last_probe: None,
                 spare_events: Vec::new(),
             }),
-            queued: AtomicUsize::new(0),
+            pending_bytes: AtomicU64::new(0),
         })
     }
 
@@ -167,11 +166,22 @@ impl Device {
         counters: &DeviceCounters,
         map: &PointerMap,
     ) -> Result<u64, AllocFailure> {
-        if self.queued.load(Relaxed) > 0 {
-            let mut frees = self.lock_frees();
+        let pending = self.pending_bytes.load(Relaxed);
+        // Under the limit, an allocation that finds the lock taken does not
+        // wait for it: returning passed frees can wait for the next one, and
+        // a thread that sleeps on a lock loses tens of microseconds.
+        let frees = if pending > self.pending_free_limit {
+            Some(self.lock_frees())
+        } else if pending > 0 {
+            self.try_lock_frees()
+        } else {
+            None
+        };
+        if let Some(mut frees) = frees {
             self.return_passed(driver, &mut frees, map);
-            while frees.bytes > self.pending_free_limit {
-                log::debug!("device {}: {} bytes of frees pending, over the limit: waiting", self.ordinal, frees.bytes);
+            while self.pending_bytes.load(Relaxed) > self.pending_free_limit {
+                let pending = self.pending_bytes.load(Relaxed);
+                log::debug!("device {}: {pending} bytes of frees pending, over the limit: waiting", self.ordinal);
                 counters.pending_waits.fetch_add(1, Relaxed);
                 if !self.return_oldest(driver, &mut frees, map) {
                     break;
@@ -258,18 +268,17 @@ impl Device {
         // Outside the lock: frees of several threads join their streams at once.
         let streams = std::iter::once(&Stream::LEGACY).chain(after.nonblocking);
         self.with_spare_event(driver, |scratch| self.join_streams(driver, scratch, streams, after.tails))?;
-        // The done events pass in the order of the queue: recorded and queued under one lock.
+        // The done events pass in the order of the queue: recorded and queued
+        // under one lock, held as briefly as that allows (allocations return
+        // passed frees to the pool).
         let mut frees = self.lock_frees();
-        // Earlier frees are likelier done than this one: return them first.
-        self.return_passed(driver, &mut frees, map);
         let done = frees.take_event(driver)?;
         if let Err(e) = driver.record(done, self.join_stream) {
             frees.spare_events.push(done);
             return Err(e);
         }
-        frees.bytes += size;
         frees.queue.push_back(PendingFree { ptr, size, done });
-        self.queued.store(frees.queue.len(), Relaxed);
+        self.pending_bytes.fetch_add(size, Relaxed);
         Ok(())
     }
 
@@ -362,7 +371,7 @@ impl Device {
             return;
         };
         let now = Instant::now();
-        let little_pending = frees.bytes < self.pending_free_limit / 4;
+        let little_pending = self.pending_bytes.load(Relaxed) < self.pending_free_limit / 4;
         if little_pending && frees.last_probe.is_some_and(|at| now.duration_since(at) < PROBE_INTERVAL) {
             return;
         }
@@ -398,8 +407,7 @@ impl Device {
     /// Frees a passed entry's block on the idle pool stream: the pool can
     /// hand it out again at once.
     fn give_back(&self, driver: &Driver, frees: &mut PendingFrees, passed: PendingFree, map: &PointerMap) {
-        frees.bytes -= passed.size;
-        self.queued.store(frees.queue.len(), Relaxed);
+        self.pending_bytes.fetch_sub(passed.size, Relaxed);
         if let Err(e) = driver.free_async(passed.ptr, self.pool_stream) {
             log::warn!("device {}: returning {} bytes to the pool failed: {e:?}", self.ordinal, passed.size);
         }
@@ -432,7 +440,7 @@ impl Device {
     /// Bytes the pool holds that the program does not: cached in the pool,
     /// or freed by the program and waiting to go back to it.
     pub fn idle_bytes(&self, driver: &Driver) -> u64 {
-        self.idle_bytes_in_pool(driver) + self.lock_frees().bytes
+        self.idle_bytes_in_pool(driver) + self.pending_bytes.load(Relaxed)
     }
 
     /// Lets device `accessor` reach every block of this pool, or stops it.
@@ -483,6 +491,15 @@ impl Device {
         // A panic while holding the lock leaves at worst a block not returned
         // to the pool (leaked, never reused unsafely), so a poisoned lock is usable.
         self.frees.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The lock if no other thread holds it (poisoned or not, as `lock_frees`).
+    fn try_lock_frees(&self) -> Option<MutexGuard<'_, PendingFrees>> {
+        match self.frees.try_lock() {
+            Ok(frees) => Some(frees),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 }
 
