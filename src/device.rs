@@ -72,7 +72,11 @@ pub struct Device {
     order: FreeOrder,
     internal_deps: bool,
     pending_free_limit: u64,
+    /// Held, on the paths of cudaMalloc and cudaFree, over no driver call but
+    /// the record of a free's done event: threads freeing at once would queue.
     frees: Mutex<PendingFrees>,
+    /// Held by the one thread returning passed frees to the pool.
+    returner: Mutex<Returner>,
     /// Bytes in `frees.queue`, changed under its lock and read without it:
     /// allocations skip the lock while nothing is queued (only blocking
     /// streams, or `barrier`), and take it without waiting while under the limit.
@@ -87,11 +91,16 @@ const PROBE_INTERVAL: Duration = Duration::from_micros(20);
 /// Frees waiting for the work issued before them, in the order of the frees.
 struct PendingFrees {
     queue: VecDeque<PendingFree>,
-    last_probe: Option<Instant>,
     /// Done events of returned frees, and the events frees record on the
     /// streams they wait for. Reusing one is safe: a wait binds to the
     /// record current at the call.
     spare_events: Vec<Event>,
+}
+
+/// The thread returning passed frees: only it takes entries off the queue.
+struct Returner {
+    /// When it last asked the driver whether frees had passed.
+    last_probe: Option<Instant>,
 }
 
 struct PendingFree {
@@ -146,9 +155,9 @@ impl Device {
             pending_free_limit: config.pending_free_limit,
             frees: Mutex::new(PendingFrees {
                 queue: VecDeque::new(),
-                last_probe: None,
                 spare_events: Vec::new(),
             }),
+            returner: Mutex::new(Returner { last_probe: None }),
             pending_bytes: AtomicU64::new(0),
         })
     }
@@ -170,20 +179,20 @@ impl Device {
         // Under the limit, an allocation that finds the lock taken does not
         // wait for it: returning passed frees can wait for the next one, and
         // a thread that sleeps on a lock loses tens of microseconds.
-        let frees = if pending > self.pending_free_limit {
-            Some(self.lock_frees())
+        let returner = if pending > self.pending_free_limit {
+            Some(locked(&self.returner))
         } else if pending > 0 {
-            self.try_lock_frees()
+            try_locked(&self.returner)
         } else {
             None
         };
-        if let Some(mut frees) = frees {
-            self.return_passed(driver, &mut frees, map);
+        if let Some(mut returner) = returner {
+            self.return_passed(driver, &mut returner, map);
             while self.pending_bytes.load(Relaxed) > self.pending_free_limit {
                 let pending = self.pending_bytes.load(Relaxed);
                 log::debug!("device {}: {pending} bytes of frees pending, over the limit: waiting", self.ordinal);
                 counters.pending_waits.fetch_add(1, Relaxed);
-                if !self.return_oldest(driver, &mut frees, map) {
+                if !self.return_oldest(driver, &mut returner, map) {
                     break;
                 }
             }
@@ -220,8 +229,8 @@ impl Device {
         map: &PointerMap,
     ) -> Result<u64, AllocFailure> {
         {
-            let mut frees = self.lock_frees();
-            while self.return_oldest(driver, &mut frees, map) {}
+            let mut returner = locked(&self.returner);
+            while self.return_oldest(driver, &mut returner, map) {}
         }
         let attempt = || driver.alloc_from_pool(size, self.pool, stream);
         let result = match attempt() {
@@ -271,7 +280,7 @@ impl Device {
         // The done events pass in the order of the queue: recorded and queued
         // under one lock, held as briefly as that allows (allocations return
         // passed frees to the pool).
-        let mut frees = self.lock_frees();
+        let mut frees = locked(&self.frees);
         let done = frees.take_event(driver)?;
         if let Err(e) = driver.record(done, self.join_stream) {
             frees.spare_events.push(done);
@@ -355,9 +364,9 @@ impl Device {
     /// two driver calls took 42 us per iteration instead of 5,
     /// scripts/probe/thread_cost.cu).
     fn with_spare_event<T>(&self, driver: &Driver, f: impl FnOnce(Event) -> CuResult<T>) -> CuResult<T> {
-        let event = self.lock_frees().take_event(driver)?;
+        let event = locked(&self.frees).take_event(driver)?;
         let result = f(event);
-        self.lock_frees().spare_events.push(event);
+        locked(&self.frees).spare_events.push(event);
         result
     }
 
@@ -365,54 +374,68 @@ impl Device {
     ///
     /// The done events are recorded on the join stream in queue order (under
     /// the lock), and the stream runs in order: once the newest has passed, so
-    /// has every earlier one. So the newest is asked first.
-    fn return_passed(&self, driver: &Driver, frees: &mut PendingFrees, map: &PointerMap) {
-        let Some(newest) = frees.queue.back() else {
+    /// has every earlier one. So the newest is asked first. The driver is
+    /// asked without the queue's lock, so frees go on meanwhile.
+    fn return_passed(&self, driver: &Driver, returner: &mut Returner, map: &PointerMap) {
+        let Some((newest, count)) = self.newest_pending() else {
             return;
         };
         let now = Instant::now();
         let little_pending = self.pending_bytes.load(Relaxed) < self.pending_free_limit / 4;
-        if little_pending && frees.last_probe.is_some_and(|at| now.duration_since(at) < PROBE_INTERVAL) {
+        if little_pending && returner.last_probe.is_some_and(|at| now.duration_since(at) < PROBE_INTERVAL) {
             return;
         }
-        frees.last_probe = Some(now);
-        if driver.has_passed(newest.done) {
-            while let Some(passed) = frees.queue.pop_front() {
-                self.give_back(driver, frees, passed, map);
+        returner.last_probe = Some(now);
+        if driver.has_passed(newest) {
+            for _ in 0..count {
+                self.give_back_oldest(driver, map);
             }
             return;
         }
-        while let Some(oldest) = frees.queue.front() {
-            if !driver.has_passed(oldest.done) {
+        while let Some(oldest) = self.oldest_pending() {
+            if !driver.has_passed(oldest) {
                 break;
             }
-            let oldest = frees.queue.pop_front().expect("front exists");
-            self.give_back(driver, frees, oldest, map);
+            self.give_back_oldest(driver, map);
         }
     }
 
     /// Waits on the host for the oldest pending free's work, then returns it
     /// to the pool. False if nothing was pending.
-    fn return_oldest(&self, driver: &Driver, frees: &mut PendingFrees, map: &PointerMap) -> bool {
-        let Some(oldest) = frees.queue.pop_front() else {
+    fn return_oldest(&self, driver: &Driver, _returner: &mut Returner, map: &PointerMap) -> bool {
+        let Some(oldest) = self.oldest_pending() else {
             return false;
         };
-        if let Err(e) = driver.wait_for(oldest.done) {
+        if let Err(e) = driver.wait_for(oldest) {
             log::warn!("device {}: waiting for earlier work failed: {e:?}", self.ordinal);
         }
-        self.give_back(driver, frees, oldest, map);
+        self.give_back_oldest(driver, map);
         true
     }
 
-    /// Frees a passed entry's block on the idle pool stream: the pool can
-    /// hand it out again at once.
-    fn give_back(&self, driver: &Driver, frees: &mut PendingFrees, passed: PendingFree, map: &PointerMap) {
+    /// The newest pending free's done event, and how many frees are pending.
+    fn newest_pending(&self) -> Option<(Event, usize)> {
+        let frees = locked(&self.frees);
+        frees.queue.back().map(|newest| (newest.done, frees.queue.len()))
+    }
+
+    fn oldest_pending(&self) -> Option<Event> {
+        locked(&self.frees).queue.front().map(|oldest| oldest.done)
+    }
+
+    /// Frees the oldest pending entry's block on the idle pool stream: the
+    /// pool can hand it out again at once. The caller holds the returner (only
+    /// it takes entries off the queue) and has seen the entry pass.
+    fn give_back_oldest(&self, driver: &Driver, map: &PointerMap) {
+        let Some(passed) = locked(&self.frees).queue.pop_front() else {
+            return;
+        };
         self.pending_bytes.fetch_sub(passed.size, Relaxed);
         if let Err(e) = driver.free_async(passed.ptr, self.pool_stream) {
             log::warn!("device {}: returning {} bytes to the pool failed: {e:?}", self.ordinal, passed.size);
         }
         map.returned(passed.ptr);
-        frees.spare_events.push(passed.done);
+        locked(&self.frees).spare_events.push(passed.done);
     }
 
     /// Bytes the pool holds now, used or not.
@@ -454,7 +477,7 @@ impl Device {
     /// everything the shim created is destroyed. The device's context must be
     /// current. Errors are ignored: the reset destroys it all anyway.
     pub fn destroy(&self, driver: &Driver, live: &[u64]) {
-        let frees = self.lock_frees();
+        let frees = locked(&self.frees);
         let pending = frees.queue.iter().map(|f| f.ptr);
         for ptr in live.iter().copied().chain(pending) {
             let _ = driver.free_async(ptr, self.pool_stream);
@@ -479,7 +502,7 @@ impl Device {
         if !self.owns_pool {
             return; // the device's default pool is reset with the device
         }
-        let frees = self.lock_frees();
+        let frees = locked(&self.frees);
         let pending = frees.queue.iter().map(|f| f.ptr);
         for ptr in live.iter().copied().chain(pending) {
             let _ = driver.free_now(ptr);
@@ -487,19 +510,21 @@ impl Device {
         let _ = driver.destroy_pool(self.pool);
     }
 
-    fn lock_frees(&self) -> MutexGuard<'_, PendingFrees> {
-        // A panic while holding the lock leaves at worst a block not returned
-        // to the pool (leaked, never reused unsafely), so a poisoned lock is usable.
-        self.frees.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
+}
 
-    /// The lock if no other thread holds it (poisoned or not, as `lock_frees`).
-    fn try_lock_frees(&self) -> Option<MutexGuard<'_, PendingFrees>> {
-        match self.frees.try_lock() {
-            Ok(frees) => Some(frees),
-            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
+/// A panic while holding a lock of a device leaves at worst a block not
+/// returned to the pool (leaked, never reused unsafely), so a poisoned lock
+/// is usable.
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The lock if no other thread holds it (poisoned or not, as `locked`).
+fn try_locked<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match mutex.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
     }
 }
 
