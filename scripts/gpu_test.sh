@@ -113,6 +113,7 @@ mixed|mixed|||1|=
 mixed@max_bytes|mixed||SOMA_MAX_BYTES=1048576|1|=
 errors|errors|||1|--no-oom
 threads|threads|||1|=
+threads@legacy|threads|--legacy-only||1|=
 capture|capture|||1|=
 reset|reset|||1|=
 streams_destroyed|streams_destroyed|||1|=
@@ -238,6 +239,10 @@ while IFS='|' read -r name prog args envs gpus san; do
   grep -v '^# ' "$RUNS/$safe.shim.out" >"$RUNS/$safe.shim.cmp"
   if ! diff -q "$RUNS/$safe.native.cmp" "$RUNS/$safe.shim.cmp" >/dev/null; then
     reasons+=("stdout differs")
+  fi
+  # The shim logs warnings and errors (SOMA_LOG=warn); the program must not see any.
+  if grep -q '^\[\(WARN\|ERROR\)' "$RUNS/$safe.shim.err"; then
+    reasons+=("the shim wrote: $(grep -m 1 '^\[\(WARN\|ERROR\)' "$RUNS/$safe.shim.err" | head -c 200)")
   fi
   if [ -z "$np" ]; then
     reasons+=("no '# pooled' line natively")

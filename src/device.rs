@@ -265,8 +265,7 @@ impl Device {
             if self.switch_streams(true) {
                 log::debug!("device {}: frees go on the legacy stream", self.ordinal);
             }
-            self.free_on_legacy_stream(driver, ptr, after)?;
-            map.returned(ptr);
+            self.free_on_legacy_stream(driver, ptr, after, map)?;
             let path = if only_blocking { &counters.legacy_stream_frees } else { &counters.barrier_frees };
             path.fetch_add(1, Relaxed);
             return Ok(());
@@ -298,7 +297,7 @@ impl Device {
     /// before it (the block may be reused at once on the legacy stream).
     /// Neither can deadlock where the real `cudaFree` would not: every wait
     /// is for work issued before the free.
-    fn free_on_legacy_stream(&self, driver: &Driver, ptr: u64, after: &Predecessors) -> CuResult<()> {
+    fn free_on_legacy_stream(&self, driver: &Driver, ptr: u64, after: &Predecessors, map: &PointerMap) -> CuResult<()> {
         if !after.nonblocking.is_empty() {
             self.with_spare_event(driver, |scratch| {
                 for stream in after.nonblocking {
@@ -320,6 +319,7 @@ impl Device {
             driver.wait_event(*stream, self.legacy_free_mark)?;
         }
         // Last: if anything above failed, the block stays allocated (never reused unsafely).
+        map.returned(ptr);
         driver.free_async(ptr, Stream::LEGACY)
     }
 
@@ -431,10 +431,10 @@ impl Device {
             return;
         };
         self.pending_bytes.fetch_sub(passed.size, Relaxed);
+        map.returned(passed.ptr);
         if let Err(e) = driver.free_async(passed.ptr, self.pool_stream) {
             log::warn!("device {}: returning {} bytes to the pool failed: {e:?}", self.ordinal, passed.size);
         }
-        map.returned(passed.ptr);
         locked(&self.frees).spare_events.push(passed.done);
     }
 

@@ -84,7 +84,9 @@ impl PointerMap {
         }
     }
 
-    /// The pending block at `ptr` is back in the pool.
+    /// The pending block at `ptr` goes back to the pool. Called before the
+    /// pool has it: from then on the pool may hand the address to another
+    /// thread, whose allocation must find it gone.
     pub fn returned(&self, ptr: u64) {
         self.slots.remove_if(&ptr, |_, slot| slot.pending);
     }

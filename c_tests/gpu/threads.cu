@@ -8,12 +8,15 @@
  * launches (no host wait). Every 50th iteration the
  * host also copies the start of the block back and checks it. Streams: the
  * legacy stream, the per-thread default stream, or the thread's own
- * non-blocking stream (thread number mod 3). A host-side table of the live
- * block of each thread catches two threads being handed overlapping blocks. */
+ * non-blocking stream (thread number mod 3); with --legacy-only, the legacy
+ * stream for all (no non-blocking stream: the shim frees on the legacy
+ * stream, and a freed address may go to another thread at once). A host-side
+ * table of the live block of each thread catches two threads being handed
+ * overlapping blocks. */
 #include "gpu_common.h"
 
 enum { NTHREADS = 16 };
-static int iters;
+static int iters, legacy_only;
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static uintptr_t live_lo[NTHREADS], live_hi[NTHREADS];
 
@@ -31,8 +34,8 @@ static void *worker(void *arg) {
   struct res *r = (struct res *)arg;
   int tid = r->tid;
   cudaStream_t st = 0;
-  if (tid % 3 == 1) st = cudaStreamPerThread;
-  if (tid % 3 == 2) CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  if (tid % 3 == 1 && !legacy_only) st = cudaStreamPerThread;
+  if (tid % 3 == 2 && !legacy_only) CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   unsigned long long *dbad = NULL;
   CHECK_CUDA(TMALLOC(&dbad, sizeof *dbad));
   CHECK_CUDA(cudaMemsetAsync(dbad, 0, sizeof *dbad, st));
@@ -86,8 +89,9 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   iters = gpu_quick() ? 60 : 2000;
+  legacy_only = argc > 1 && strcmp(argv[1], "--legacy-only") == 0;
   CHECK_CUDA(cudaFree(0));
   pthread_t th[NTHREADS];
   struct res r[NTHREADS];
