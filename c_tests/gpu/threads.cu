@@ -85,7 +85,7 @@ static void *worker(void *arg) {
   CHECK_CUDA(cudaMemcpy(&h, dbad, sizeof h, cudaMemcpyDeviceToHost));
   r->dev_bad = h;
   CHECK_CUDA(cudaFree(dbad));
-  if (tid % 3 == 2) CHECK_CUDA(cudaStreamDestroy(st));
+  if (tid % 3 == 2 && !legacy_only) CHECK_CUDA(cudaStreamDestroy(st));
   return NULL;
 }
 
