@@ -195,8 +195,9 @@ impl Allocator {
     /// queued: recording events then could join or break the capture.
     pub fn free(&self, driver: &Driver, ptr: u64) -> Freed {
         let captures = read(&self.captures);
+        let current = driver.current_context().ok().flatten();
         if let Some(block) = self.map.live_block(ptr) {
-            if !self.is_current_incarnation(driver, block.device) {
+            if !self.is_current_incarnation(driver, block.device, current) {
                 // Its memory went with the reset: the real free answers.
                 self.abandon_reset_device(driver, block.device);
                 return Freed::NotOurs;
@@ -213,7 +214,7 @@ impl Allocator {
             self.has_deferred.store(true, Ordering::Release);
             return Freed::Deferred;
         }
-        self.free_block(driver, ptr, block);
+        self.free_block(driver, current, ptr, block);
         drop(captures);
         self.issue_deferred_frees(driver);
         Freed::Issued { device: block.device }
@@ -328,13 +329,14 @@ impl Allocator {
     }
 
     /// Queues the block's return to its pool after all work issued so far.
-    /// The captures lock must be held (for reading) with no capture in progress.
-    fn free_block(&self, driver: &Driver, ptr: u64, block: Block) {
+    /// The captures lock must be held (for reading) with no capture in
+    /// progress. `current`: the current context.
+    fn free_block(&self, driver: &Driver, current: Option<Context>, ptr: u64, block: Block) {
         let Some(device) = self.known_device(block.device) else {
             log::warn!("free of {ptr:#x} on device {}, which has no pool", block.device);
             return;
         };
-        let result = driver.with_context(device.context, || {
+        let result = driver.with_context_from(current, device.context, || {
             if read(&self.streams).streams_of(device.context).is_some_and(|s| !s.tails.is_empty()) {
                 write(&self.streams).of(device.context).retire_passed_tails(driver);
             }
@@ -365,8 +367,9 @@ impl Allocator {
             self.has_deferred.store(false, Ordering::Release);
             std::mem::take(&mut *deferred)
         };
+        let current = driver.current_context().ok().flatten();
         for (ptr, block) in deferred {
-            self.free_block(driver, ptr, block);
+            self.free_block(driver, current, ptr, block);
         }
     }
 
@@ -380,6 +383,14 @@ impl Allocator {
 
     /// The pool of the current context's device, set up on first use.
     fn device(&self, driver: &Driver, context: Context) -> Result<Arc<Device>, Passthrough> {
+        // A pooled context is found without asking the driver for its device.
+        let pooled = read(&self.devices).iter().find_map(|slot| match slot {
+            DeviceSlot::Pooled(device) if device.context == context => Some(Arc::clone(device)),
+            _ => None,
+        });
+        if let Some(device) = pooled.filter(|d| driver.context_id(context).ok() == Some(d.context_id)) {
+            return Ok(device);
+        }
         let ordinal = driver.current_device().map_err(|_| Passthrough::NoContext)?;
         let index = usize::try_from(ordinal).map_err(|_| Passthrough::NoContext)?;
         let known = {
@@ -415,13 +426,14 @@ impl Allocator {
 
     /// Whether the pool of `ordinal` still belongs to the device's current
     /// primary context. A statically linked runtime's `cudaDeviceReset` does
-    /// not go through the entry points the shim wraps; the context's ID shows it.
-    fn is_current_incarnation(&self, driver: &Driver, ordinal: i32) -> bool {
+    /// not go through the entry points the shim wraps; the context's ID shows
+    /// it. `current`: the current context.
+    fn is_current_incarnation(&self, driver: &Driver, ordinal: i32, current: Option<Context>) -> bool {
         let Some(device) = self.known_device(ordinal) else {
             return true;
         };
-        let current = match driver.current_context() {
-            Ok(Some(current)) if current == device.context => current,
+        let current = match current {
+            Some(current) if current == device.context => current,
             // Another device's context: ask for this device's primary one.
             _ => match driver.primary_context(ordinal) {
                 Ok(primary) => primary,

@@ -104,7 +104,12 @@ impl Driver {
 
     /// Runs `f` with `ctx` current on this thread, restoring the caller's context after.
     pub fn with_context<T>(&self, ctx: Context, f: impl FnOnce() -> T) -> CuResult<T> {
-        if self.current_context()? == Some(ctx) {
+        self.with_context_from(self.current_context()?, ctx, f)
+    }
+
+    /// `with_context` for a caller that has just asked for the `current` context.
+    pub fn with_context_from<T>(&self, current: Option<Context>, ctx: Context, f: impl FnOnce() -> T) -> CuResult<T> {
+        if current == Some(ctx) {
             return Ok(f());
         }
         // SAFETY: `ctx` is a live context (callers hold it from the driver).
