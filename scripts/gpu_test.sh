@@ -8,7 +8,8 @@
 # natively and with LD_PRELOAD=<shim> (a test's SOMA_* settings apply to both
 # runs), and compare their stdout without the informational '# ' lines. Both
 # runs must exit 0; the '# pooled N' line must say N == 0 natively and N > 0
-# under the shim (so a shim that passes everything through cannot pass). Then
+# under the shim (so a shim that passes everything through cannot pass), and
+# the shim must have logged no warning or error (the program would see it). Then
 # the non-C checks (no-CUDA processes, bad configuration), the race test's
 # teeth (race --wrong-stream and legacy_race --no-stream-wait, natively, must
 # detect corruption), and the suite
