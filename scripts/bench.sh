@@ -102,13 +102,11 @@ awk '
   FNR == 1 { mode++ }
   $1 == "size"     { if (mode == 1) order[++n] = $2; us[mode, $2] = $4; used[mode, $2] = ($8 > $9 ? $8 : $9) }
   $1 == "scenario" { if (mode == 1) sorder[++ns] = $2; us[mode, $2] = $4; used[mode, $2] = $10; inuse[$2] = $8 }
-  $1 == "stall"    { us[mode, "stall"] = $3 }
   END {
     printf "%-12s %8s %8s %8s %8s %8s %8s %9s %9s %9s %6s %6s %6s\n", "scenario", "real", "real*", "shim", "shim+nb", \
       "async", "sync", "real/shim", "shim/asy", "+nb/asy", "r/u", "+nb", "async"
     for (i = 1; i <= n; i++) { k = order[i]; row(human(k), k, (k < 1048576 ? 1048576 : k) / 1048576) }
-    for (i = 1; i <= ns; i++) { k = sorder[i]; row(k, k, inuse[k]) }
-    row("stall", "stall", 0)
+    for (i = 1; i <= ns; i++) { k = sorder[i]; row(k, k, inuse[k] < 1 ? 1 : inuse[k]) }
     printf "\n"
     printf "Figures in us: host time of one alloc+free (sizes: with a 1-block kernel between them), median after\n"
     printf "  warm-up. real: the program natively; real*: natively with one 4 KiB block kept allocated (the real\n"
@@ -122,8 +120,8 @@ awk '
     printf "  non-blocking stream (time of a whole round); stall: a 256 B pair while a ~1 ms kernel runs on a\n"
     printf "  non-blocking stream.\n"
     printf "r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a proxy for the pool'\''s\n"
-    printf "  reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held (sizes: the size\n"
-    printf "  itself, at least 1 MiB); for shim, shim+nb and async (the device'\''s default pool).\n"
+    printf "  reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held, counted as at\n"
+    printf "  least 1 MiB; for shim, shim+nb and async (the device'\''s default pool).\n"
   }' "$BUILD/bench.real.out" "$BUILD/bench.reallive.out" "$BUILD/bench.shim.out" "$BUILD/bench.shimnb.out" \
   "$BUILD/bench.async.out" "$BUILD/bench.shimsync.out"
 

@@ -29,14 +29,14 @@
  *              many threads from that of many streams)
  *   streams4x4G  4 blocks of 4 GiB live at once, one per non-blocking stream,
  *              a kernel on each, then all freed (time of the whole round)
+ *   stall      the host stall (above)
  * Each also reports the peak bytes the program held and the peak of
  * cudaMemGetInfo's "used" over its start (sampled during the loop): their
  * ratio is the reserved-over-in-use proxy.
  *
  * Output lines (parsed by bench.sh):
  *   size <bytes> median_us <x> reps <n> used_delta_mib <loop> <after sync>
- *   scenario <name> median_us <x> reps <n> peak_in_use_mib <a> peak_used_mib <b>
- *   stall median_us <x> reps <n> */
+ *   scenario <name> median_us <x> reps <n> peak_in_use_mib <a> peak_used_mib <b> */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -218,8 +218,9 @@ static void churn_size(size_t n, int reps, cudaStream_t s, long long base, doubl
 
 /* Host stall: a 256 B alloc/free pair while ~1 ms of work runs on `busy`, a
  * non-blocking stream. */
-static void scenario_stall(cudaStream_t s, cudaStream_t busy, double *t) {
+static void scenario_stall(cudaStream_t s, cudaStream_t busy, long long base, double *t) {
   const int sreps = 100;
+  long long peak_used = 0;
   for (int r = -5; r < sreps; r++) {
     spin_ns<<<1, 1, 0, busy>>>(1000000ULL);
     CK(cudaGetLastError());
@@ -228,10 +229,13 @@ static void scenario_stall(cudaStream_t s, cudaStream_t busy, double *t) {
     alloc_on(&p, 256, s);
     release_on(p, s);
     double dt = now_us() - t0;
-    if (r >= 0) t[r] = dt;
+    if (r >= 0) {
+      t[r] = dt;
+      if (used_now() - base > peak_used) peak_used = used_now() - base;
+    }
     CK(cudaStreamSynchronize(busy));
   }
-  printf("stall median_us %.2f reps %d\n", median(t, sreps), sreps);
+  report("stall", t, sreps, 256.0, peak_used);
 }
 
 static int flag(const char *name) {
@@ -310,7 +314,7 @@ int main(int argc, char **argv) {
   }
   if (!part || strcmp(part, "stall") == 0) {
     if (!idle_stream) CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
-    scenario_stall(s, busy, t);
+    scenario_stall(s, busy, base, t);
     ran++;
   }
   if (!ran) {
