@@ -381,13 +381,18 @@ impl Allocator {
         }
     }
 
+    /// The pooled device whose primary context is `context`, if any.
+    fn pooled_device_of(&self, context: Context) -> Option<Arc<Device>> {
+        read(&self.devices).iter().find_map(|slot| match slot {
+            DeviceSlot::Pooled(device) if device.context == context => Some(Arc::clone(device)),
+            _ => None,
+        })
+    }
+
     /// The pool of the current context's device, set up on first use.
     fn device(&self, driver: &Driver, context: Context) -> Result<Arc<Device>, Passthrough> {
         // A pooled context is found without asking the driver for its device.
-        let pooled = read(&self.devices).iter().find_map(|slot| match slot {
-            DeviceSlot::Pooled(device) if device.context == context => Some(Arc::clone(device)),
-            _ => None,
-        });
+        let pooled = self.pooled_device_of(context);
         if let Some(device) = pooled.filter(|d| driver.context_id(context).ok() == Some(d.context_id)) {
             return Ok(device);
         }
@@ -490,12 +495,7 @@ impl Allocator {
         let streams = &mut registry.of(context).nonblocking;
         streams.push(stream);
         log::debug!("non-blocking stream {:?} made: {} live in its context", stream.0, streams.len());
-        let devices = read(&self.devices);
-        let pooled = devices.iter().filter_map(|slot| match slot {
-            DeviceSlot::Pooled(device) => Some(device),
-            _ => None,
-        });
-        for device in pooled.filter(|device| device.context == context) {
+        if let Some(device) = self.pooled_device_of(context) {
             if let Err(e) = device.leave_legacy_stream(driver) {
                 log::warn!("device {}: waiting for the legacy stream failed: {e:?}", device.ordinal);
             }

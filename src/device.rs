@@ -18,8 +18,9 @@
 //! GPU (see `free_on_legacy_stream`). Three driver calls per stream and free.
 //!
 //! *Non-blocking streams too*, `SOMA_FREE_ORDER=join` (the default): a freed
-//! block does not go to the pool at once. The shim records an event on the legacy stream and on every live
-//! non-blocking stream, makes the shim's *join stream* wait for them (and for
+//! block does not go to the pool at once. The shim records an event on the
+//! legacy stream and on every live non-blocking stream, makes the shim's
+//! *join stream* wait for them (and for
 //! the last work of destroyed streams), records one *done* event there, and
 //! keeps the block in a queue of *pending frees*. Once the host sees an
 //! entry's done event passed, the block goes back to the pool with
@@ -188,8 +189,11 @@ impl Device {
         };
         if let Some(mut returner) = returner {
             self.return_passed(driver, &mut returner, map);
-            while self.pending_bytes.load(Relaxed) > self.pending_free_limit {
+            loop {
                 let pending = self.pending_bytes.load(Relaxed);
+                if pending <= self.pending_free_limit {
+                    break;
+                }
                 log::debug!("device {}: {pending} bytes of frees pending, over the limit: waiting", self.ordinal);
                 counters.pending_waits.fetch_add(1, Relaxed);
                 if !self.return_oldest(driver, &mut returner, map) {
