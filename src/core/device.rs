@@ -46,12 +46,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys::CUmemPool_attribute;
-
-use crate::config::{Config, FreeOrder, PoolChoice};
-use crate::driver::{Context, CuError, CuResult, Driver, Event, Pool, Stream};
-use crate::ptrmap::PointerMap;
-use crate::stats::{DeviceCounters, PoolPeaks};
+use super::config::{Config, FreeOrder, PoolChoice};
+use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream};
+use super::ptrmap::PointerMap;
+use super::stats::{DeviceCounters, PoolPeaks};
 
 pub struct Device {
     pub ordinal: i32,
@@ -127,7 +125,7 @@ pub struct Predecessors<'a> {
 
 impl Device {
     /// Sets up the pool of `ordinal`, whose primary context is current.
-    pub fn create(driver: &Driver, ordinal: i32, context: Context, config: &Config) -> CuResult<Device> {
+    pub fn create(driver: &impl Gpu, ordinal: i32, context: Context, config: &Config) -> CuResult<Device> {
         let (pool, owns_pool) = match config.pool {
             PoolChoice::Own => (driver.create_pool(ordinal)?, true),
             PoolChoice::Default => (driver.default_pool(ordinal)?, false),
@@ -170,7 +168,7 @@ impl Device {
     /// Blocks whose free has passed go back to the pool first (and leave `map`).
     pub fn alloc(
         &self,
-        driver: &Driver,
+        driver: &impl Gpu,
         size: u64,
         legacy_allowed: bool,
         counters: &DeviceCounters,
@@ -227,7 +225,7 @@ impl Device {
     /// back to the driver, retrying after each.
     fn alloc_after_reclaiming(
         &self,
-        driver: &Driver,
+        driver: &impl Gpu,
         size: u64,
         stream: Stream,
         map: &PointerMap,
@@ -257,7 +255,7 @@ impl Device {
     /// current, and `after` must stay the device's streams until this returns.
     pub fn free(
         &self,
-        driver: &Driver,
+        driver: &impl Gpu,
         ptr: u64,
         size: u64,
         after: &Predecessors,
@@ -301,7 +299,7 @@ impl Device {
     /// before it (the block may be reused at once on the legacy stream).
     /// Neither can deadlock where the real `cudaFree` would not: every wait
     /// is for work issued before the free.
-    fn free_on_legacy_stream(&self, driver: &Driver, ptr: u64, after: &Predecessors, map: &PointerMap) -> CuResult<()> {
+    fn free_on_legacy_stream(&self, driver: &impl Gpu, ptr: u64, after: &Predecessors, map: &PointerMap) -> CuResult<()> {
         if !after.nonblocking.is_empty() {
             self.with_spare_event(driver, |scratch| {
                 for stream in after.nonblocking {
@@ -338,7 +336,7 @@ impl Device {
     /// that block was freed after has finished. The host waits for that work
     /// (the real `cudaFree` did, when the program freed the block), so the
     /// new stream starts idle, as it would without the shim.
-    pub fn leave_legacy_stream(&self, driver: &Driver) -> CuResult<()> {
+    pub fn leave_legacy_stream(&self, driver: &impl Gpu) -> CuResult<()> {
         self.on_legacy_stream.store(false, Relaxed);
         driver.wait_for(self.legacy_free_mark)
     }
@@ -347,7 +345,7 @@ impl Device {
     /// and for `tails`, recording `scratch` on each stream in turn.
     fn join_streams<'a>(
         &self,
-        driver: &Driver,
+        driver: &impl Gpu,
         scratch: Event,
         streams: impl Iterator<Item = &'a Stream>,
         tails: &[Event],
@@ -367,7 +365,7 @@ impl Device {
     /// tens of microseconds (measured: four threads whose frees held it over
     /// two driver calls took 42 us per iteration instead of 5,
     /// scripts/probe/thread_cost.cu).
-    fn with_spare_event<T>(&self, driver: &Driver, f: impl FnOnce(Event) -> CuResult<T>) -> CuResult<T> {
+    fn with_spare_event<T>(&self, driver: &impl Gpu, f: impl FnOnce(Event) -> CuResult<T>) -> CuResult<T> {
         let event = locked(&self.frees).take_event(driver)?;
         let result = f(event);
         locked(&self.frees).spare_events.push(event);
@@ -380,7 +378,7 @@ impl Device {
     /// the lock), and the stream runs in order: once the newest has passed, so
     /// has every earlier one. So the newest is asked first. The driver is
     /// asked without the queue's lock, so frees go on meanwhile.
-    fn return_passed(&self, driver: &Driver, returner: &mut Returner, map: &PointerMap) {
+    fn return_passed(&self, driver: &impl Gpu, returner: &mut Returner, map: &PointerMap) {
         let Some((newest, count)) = self.newest_pending() else {
             return;
         };
@@ -406,7 +404,7 @@ impl Device {
 
     /// Waits on the host for the oldest pending free's work, then returns it
     /// to the pool. False if nothing was pending.
-    fn return_oldest(&self, driver: &Driver, _returner: &mut Returner, map: &PointerMap) -> bool {
+    fn return_oldest(&self, driver: &impl Gpu, _returner: &mut Returner, map: &PointerMap) -> bool {
         let Some(oldest) = self.oldest_pending() else {
             return false;
         };
@@ -430,7 +428,7 @@ impl Device {
     /// Frees the oldest pending entry's block on the idle pool stream: the
     /// pool can hand it out again at once. The caller holds the returner (only
     /// it takes entries off the queue) and has seen the entry pass.
-    fn give_back_oldest(&self, driver: &Driver, map: &PointerMap) {
+    fn give_back_oldest(&self, driver: &impl Gpu, map: &PointerMap) {
         let Some(passed) = locked(&self.frees).queue.pop_front() else {
             return;
         };
@@ -443,35 +441,33 @@ impl Device {
     }
 
     /// Bytes the pool holds now, used or not.
-    pub fn reserved(&self, driver: &Driver) -> u64 {
-        driver.pool_bytes(self.pool, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0)
+    pub fn reserved(&self, driver: &impl Gpu) -> u64 {
+        driver.pool_bytes(self.pool, PoolCounter::ReservedNow).unwrap_or(0)
     }
 
     /// The pool's high-water marks, if it can still be asked.
-    pub fn peaks(&self, driver: &Driver) -> Option<PoolPeaks> {
-        use CUmemPool_attribute::*;
+    pub fn peaks(&self, driver: &impl Gpu) -> Option<PoolPeaks> {
         Some(PoolPeaks {
-            used_high: driver.pool_bytes(self.pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH).ok()?,
-            reserved_high: driver.pool_bytes(self.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH).ok()?,
+            used_high: driver.pool_bytes(self.pool, PoolCounter::UsedHigh).ok()?,
+            reserved_high: driver.pool_bytes(self.pool, PoolCounter::ReservedHigh).ok()?,
         })
     }
 
     /// Bytes the pool holds and could hand out now.
-    fn idle_bytes_in_pool(&self, driver: &Driver) -> u64 {
-        use CUmemPool_attribute::*;
-        let reserved = driver.pool_bytes(self.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
-        let used = driver.pool_bytes(self.pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(reserved);
+    fn idle_bytes_in_pool(&self, driver: &impl Gpu) -> u64 {
+        let reserved = driver.pool_bytes(self.pool, PoolCounter::ReservedNow).unwrap_or(0);
+        let used = driver.pool_bytes(self.pool, PoolCounter::UsedNow).unwrap_or(reserved);
         reserved.saturating_sub(used)
     }
 
     /// Bytes the pool holds that the program does not: cached in the pool,
     /// or freed by the program and waiting to go back to it.
-    pub fn idle_bytes(&self, driver: &Driver) -> u64 {
+    pub fn idle_bytes(&self, driver: &impl Gpu) -> u64 {
         self.idle_bytes_in_pool(driver) + self.pending_bytes.load(Relaxed)
     }
 
     /// Lets device `accessor` reach every block of this pool, or stops it.
-    pub fn set_peer_access(&self, driver: &Driver, accessor: i32, allowed: bool) -> CuResult<()> {
+    pub fn set_peer_access(&self, driver: &impl Gpu, accessor: i32, allowed: bool) -> CuResult<()> {
         driver.set_peer_access(self.pool, accessor, allowed)
     }
 
@@ -480,7 +476,7 @@ impl Device {
     /// released and old pointers are invalid, as after a real reset; then
     /// everything the shim created is destroyed. The device's context must be
     /// current. Errors are ignored: the reset destroys it all anyway.
-    pub fn destroy(&self, driver: &Driver, live: &[u64]) {
+    pub fn destroy(&self, driver: &impl Gpu, live: &[u64]) {
         let frees = locked(&self.frees);
         let pending = frees.queue.iter().map(|f| f.ptr);
         for ptr in live.iter().copied().chain(pending) {
@@ -502,7 +498,7 @@ impl Device {
     /// the context; the pool, a device object, did not): frees every block
     /// still allocated (`live`, and the pending ones) without a stream and
     /// destroys the pool, so old pointers are invalid as after a real reset.
-    pub fn abandon(&self, driver: &Driver, live: &[u64]) {
+    pub fn abandon(&self, driver: &impl Gpu, live: &[u64]) {
         if !self.owns_pool {
             return; // the device's default pool is reset with the device
         }
@@ -533,7 +529,7 @@ fn try_locked<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 }
 
 impl PendingFrees {
-    fn take_event(&mut self, driver: &Driver) -> CuResult<Event> {
+    fn take_event(&mut self, driver: &impl Gpu) -> CuResult<Event> {
         match self.spare_events.pop() {
             Some(event) => Ok(event),
             None => driver.create_event(),

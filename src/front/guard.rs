@@ -9,7 +9,7 @@
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::passthrough::Passthrough;
+use crate::core::passthrough::Passthrough;
 
 thread_local! {
     static INSIDE_HOOK: Cell<bool> = const { Cell::new(false) };

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::real::{runtime as cuda, SUCCESS};
+use crate::cuda::real::{runtime as cuda, SUCCESS};
 
 /// The runtime makes its context current lazily, at its first call on a
 /// thread; `cudaFree(NULL)` is the documented way to make it do so now.

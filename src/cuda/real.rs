@@ -12,12 +12,48 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libloading::os::unix::{Library, RTLD_NOW};
 
-use crate::dlsym_hook::real_dlsym;
-
 pub const SUCCESS: u32 = 0;
 /// `cudaErrorNotSupported` and `CUDA_ERROR_NOT_SUPPORTED` (both 801): the
 /// program's CUDA lacks the function (an older version).
 const NOT_SUPPORTED: u32 = 801;
+
+/// The real `dlsym`, resolved when the shim is loaded (the exported `dlsym`
+/// jumps to it, PC-relative, for every name the shim does not serve).
+pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+/// Resolves the real `dlsym`: glibc 2.34 moved it into libc proper under a
+/// new version; older ones only have the 2.2.5 one.
+pub extern "C" fn resolve_real_dlsym() {
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: dlvsym with NUL-terminated strings; RTLD_NEXT from the shim
+        // finds libc's definition, not the shim's.
+        let real = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+        if !real.is_null() {
+            REAL_DLSYM.store(real as usize, Ordering::Release);
+            return;
+        }
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static RESOLVE_AT_LOAD: extern "C" fn() = resolve_real_dlsym;
+
+/// The real `dlsym`, for the shim's own lookups.
+pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    if REAL_DLSYM.load(Ordering::Acquire) == 0 {
+        resolve_real_dlsym();
+    }
+    let real = REAL_DLSYM.load(Ordering::Acquire);
+    if real == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `real` is libc's dlsym.
+    let real: unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void =
+        unsafe { std::mem::transmute(real) };
+    // SAFETY: a handle from the caller and a NUL-terminated name.
+    unsafe { real(handle, name.as_ptr()) }
+}
 
 /// The handle of the loaded CUDA driver, if the process has loaded it.
 pub fn libcuda() -> Option<*mut c_void> {
@@ -165,6 +201,7 @@ pub mod driver {
         cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int);
         cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device: c_int);
         cuDevicePrimaryCtxRelease_v2(device: c_int);
+        cuDevicePrimaryCtxGetState(device: c_int, flags: *mut c_uint, active: *mut c_int);
         cuStreamSynchronize(stream: *mut c_void);
         cuStreamWaitEvent(stream: *mut c_void, event: *mut c_void, flags: c_uint);
         cuStreamGetCtx(stream: *mut c_void, ctx: *mut *mut c_void);

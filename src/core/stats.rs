@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::passthrough::Passthrough;
+use super::passthrough::Passthrough;
 
 /// Devices counted separately; a larger ordinal is counted with the last one.
 pub const MAX_DEVICES: usize = 32;

@@ -530,7 +530,7 @@ mod tests {
 
     #[test]
     fn readme_table_matches_the_code() {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../../README.md");
         for v in VARIABLES {
             let row = readme
                 .lines()

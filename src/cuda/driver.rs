@@ -1,4 +1,5 @@
-//! The core's view of the real CUDA driver: one safe method per driver call.
+//! The real CUDA driver behind the core's [`Gpu`] interface: one safe method
+//! per driver call.
 //!
 //! The allocator core speaks only to the driver: its calls never touch the
 //! runtime's per-thread last error, and they work the same whether the program
@@ -12,20 +13,8 @@ use cudarc::driver::sys::{
     CUresult,
 };
 
-use crate::real::{self, driver as cu};
-
-/// A driver result code, kept as the integer C returns (an unknown code must
-/// not become an invalid Rust enum).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CuError(pub u32);
-
-impl CuError {
-    pub fn is_out_of_memory(self) -> bool {
-        self.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY as u32
-    }
-}
-
-pub type CuResult<T> = Result<T, CuError>;
+use super::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream};
+use super::real::{self, driver as cu};
 
 fn check(code: u32) -> CuResult<()> {
     if code == CUresult::CUDA_SUCCESS as u32 {
@@ -33,29 +22,6 @@ fn check(code: u32) -> CuResult<()> {
     } else {
         Err(CuError(code))
     }
-}
-
-/// Opaque driver handles. They are plain tokens that the driver lets any
-/// thread use, so sending them between threads is sound.
-macro_rules! handle {
-    ($name:ident) => {
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub struct $name(pub *mut c_void);
-        // SAFETY: a driver handle is an opaque token valid from any thread.
-        unsafe impl Send for $name {}
-        unsafe impl Sync for $name {}
-    };
-}
-handle!(Context);
-handle!(Stream);
-handle!(Event);
-handle!(Pool);
-
-impl Stream {
-    /// The legacy default stream of the current context (`CU_STREAM_LEGACY`):
-    /// work recorded there waits for all blocking streams.
-    #[allow(clippy::manual_dangling_ptr)] // 1 is the driver's CU_STREAM_LEGACY, not an address
-    pub const LEGACY: Stream = Stream(1 as *mut c_void);
 }
 
 const CU_STREAM_NON_BLOCKING: c_uint = 1;
@@ -76,8 +42,8 @@ enum AttributeValue {
     U64(u64),
 }
 
-impl Driver {
-    pub fn current_context(&self) -> CuResult<Option<Context>> {
+impl Gpu for Driver {
+    fn current_context(&self) -> CuResult<Option<Context>> {
         let mut ctx: *mut c_void = std::ptr::null_mut();
         // SAFETY: one out-pointer to a local.
         check(unsafe { cu::cuCtxGetCurrent(&mut ctx) })?;
@@ -85,7 +51,7 @@ impl Driver {
     }
 
     /// The ordinal of the current context's device.
-    pub fn current_device(&self) -> CuResult<i32> {
+    fn current_device(&self) -> CuResult<i32> {
         let mut device: c_int = -1;
         // SAFETY: one out-pointer to a local.
         check(unsafe { cu::cuCtxGetDevice(&mut device) })?;
@@ -94,7 +60,7 @@ impl Driver {
 
     /// The process-unique ID of a live context: a reset gives the device's
     /// primary context a new one.
-    pub fn context_id(&self, ctx: Context) -> CuResult<u64> {
+    fn context_id(&self, ctx: Context) -> CuResult<u64> {
         let mut id: u64 = 0;
         // SAFETY: `ctx` is live (callers pass the current or a just-retained
         // context); one out-pointer to a local.
@@ -102,31 +68,23 @@ impl Driver {
         Ok(id)
     }
 
-    /// Runs `f` with `ctx` current on this thread, restoring the caller's context after.
-    pub fn with_context<T>(&self, ctx: Context, f: impl FnOnce() -> T) -> CuResult<T> {
-        self.with_context_from(self.current_context()?, ctx, f)
-    }
-
-    /// `with_context` for a caller that has just asked for the `current` context.
-    pub fn with_context_from<T>(&self, current: Option<Context>, ctx: Context, f: impl FnOnce() -> T) -> CuResult<T> {
-        if current == Some(ctx) {
-            return Ok(f());
-        }
+    fn push_context(&self, ctx: Context) -> CuResult<()> {
         // SAFETY: `ctx` is a live context (callers hold it from the driver).
-        check(unsafe { cu::cuCtxPushCurrent_v2(ctx.0) })?;
-        let result = f();
-        let mut popped: *mut c_void = std::ptr::null_mut();
-        // SAFETY: pops the context pushed just above.
-        check(unsafe { cu::cuCtxPopCurrent_v2(&mut popped) })?;
-        Ok(result)
+        check(unsafe { cu::cuCtxPushCurrent_v2(ctx.0) })
     }
 
-    pub fn synchronize_context(&self) -> CuResult<()> {
+    fn pop_context(&self) -> CuResult<()> {
+        let mut popped: *mut c_void = std::ptr::null_mut();
+        // SAFETY: pops the context the caller pushed; one out-pointer to a local.
+        check(unsafe { cu::cuCtxPopCurrent_v2(&mut popped) })
+    }
+
+    fn synchronize_context(&self) -> CuResult<()> {
         // SAFETY: no arguments; acts on the current context.
         check(unsafe { cu::cuCtxSynchronize() })
     }
 
-    pub fn supports_pools(&self, device: i32) -> CuResult<bool> {
+    fn supports_pools(&self, device: i32) -> CuResult<bool> {
         let mut value: c_int = 0;
         let attribute = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED;
         // SAFETY: one out-pointer to a local.
@@ -134,86 +92,93 @@ impl Driver {
         Ok(value != 0)
     }
 
-    pub fn total_memory(&self, device: i32) -> CuResult<u64> {
+    fn total_memory(&self, device: i32) -> CuResult<u64> {
         let mut bytes: usize = 0;
         // SAFETY: one out-pointer to a local.
         check(unsafe { cu::cuDeviceTotalMem_v2(&mut bytes, device) })?;
         Ok(bytes as u64)
     }
 
-    /// The device's primary context (the runtime's), without keeping a reference.
-    pub fn primary_context(&self, device: i32) -> CuResult<Context> {
+    fn active_primary_context(&self, device: i32) -> CuResult<Option<Context>> {
+        let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+        // SAFETY: two out-pointers to locals. Retaining an inactive primary
+        // context would create it (hundreds of milliseconds) for a program
+        // that uses contexts of its own.
+        check(unsafe { cu::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) })?;
+        if active == 0 {
+            return Ok(None);
+        }
         let mut ctx: *mut c_void = std::ptr::null_mut();
-        // SAFETY: retain then release leaves the reference count as it was.
+        // SAFETY: the context is active, so retain then release leaves it as it was.
         unsafe {
             check(cu::cuDevicePrimaryCtxRetain(&mut ctx, device))?;
             check(cu::cuDevicePrimaryCtxRelease_v2(device))?;
         }
-        Ok(Context(ctx))
+        Ok(Some(Context(ctx)))
     }
 
-    pub fn create_nonblocking_stream(&self) -> CuResult<Stream> {
+    fn create_nonblocking_stream(&self) -> CuResult<Stream> {
         let mut stream: *mut c_void = std::ptr::null_mut();
         // SAFETY: one out-pointer to a local.
         check(unsafe { cu::cuStreamCreate(&mut stream, CU_STREAM_NON_BLOCKING) })?;
         Ok(Stream(stream))
     }
 
-    pub fn destroy_stream(&self, stream: Stream) -> CuResult<()> {
+    fn destroy_stream(&self, stream: Stream) -> CuResult<()> {
         // SAFETY: the caller created `stream` and no longer uses it.
         check(unsafe { cu::cuStreamDestroy_v2(stream.0) })
     }
 
-    pub fn synchronize_stream(&self, stream: Stream) -> CuResult<()> {
+    fn synchronize_stream(&self, stream: Stream) -> CuResult<()> {
         // SAFETY: `stream` is live.
         check(unsafe { cu::cuStreamSynchronize(stream.0) })
     }
 
     /// `waiter` waits, on the GPU, for the event's most recent record.
-    pub fn wait_event(&self, waiter: Stream, event: Event) -> CuResult<()> {
+    fn wait_event(&self, waiter: Stream, event: Event) -> CuResult<()> {
         // SAFETY: both handles are live.
         check(unsafe { cu::cuStreamWaitEvent(waiter.0, event.0, 0) })
     }
 
-    pub fn stream_context(&self, stream: Stream) -> CuResult<Context> {
+    fn stream_context(&self, stream: Stream) -> CuResult<Context> {
         let mut ctx: *mut c_void = std::ptr::null_mut();
         // SAFETY: `stream` is live; one out-pointer to a local.
         check(unsafe { cu::cuStreamGetCtx(stream.0, &mut ctx) })?;
         Ok(Context(ctx))
     }
 
-    pub fn create_event(&self) -> CuResult<Event> {
+    fn create_event(&self) -> CuResult<Event> {
         let mut event: *mut c_void = std::ptr::null_mut();
         // SAFETY: one out-pointer to a local.
         check(unsafe { cu::cuEventCreate(&mut event, CU_EVENT_DISABLE_TIMING) })?;
         Ok(Event(event))
     }
 
-    pub fn destroy_event(&self, event: Event) -> CuResult<()> {
+    fn destroy_event(&self, event: Event) -> CuResult<()> {
         // SAFETY: the caller created `event` and no longer uses it.
         check(unsafe { cu::cuEventDestroy_v2(event.0) })
     }
 
-    pub fn record(&self, event: Event, stream: Stream) -> CuResult<()> {
+    fn record(&self, event: Event, stream: Stream) -> CuResult<()> {
         // SAFETY: both handles are live and of the current context.
         check(unsafe { cu::cuEventRecord(event.0, stream.0) })
     }
 
     /// Whether the GPU has passed the event's most recent record.
-    pub fn has_passed(&self, event: Event) -> bool {
+    fn has_passed(&self, event: Event) -> bool {
         // SAFETY: `event` is live. Any code but success (not ready, or an
         // error) counts as not passed.
         unsafe { cu::cuEventQuery(event.0) == CUresult::CUDA_SUCCESS as u32 }
     }
 
     /// Waits on the host until the GPU has passed the event's most recent record.
-    pub fn wait_for(&self, event: Event) -> CuResult<()> {
+    fn wait_for(&self, event: Event) -> CuResult<()> {
         // SAFETY: `event` is live.
         check(unsafe { cu::cuEventSynchronize(event.0) })
     }
 
     /// A pool of device memory on `device`, private to the shim.
-    pub fn create_pool(&self, device: i32) -> CuResult<Pool> {
+    fn create_pool(&self, device: i32) -> CuResult<Pool> {
         // SAFETY: all-zero is a valid CUmemPoolProps (every enum has a 0 value,
         // the pointer is null); the fields that matter are set below.
         let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
@@ -226,25 +191,25 @@ impl Driver {
         Ok(Pool(pool))
     }
 
-    pub fn default_pool(&self, device: i32) -> CuResult<Pool> {
+    fn default_pool(&self, device: i32) -> CuResult<Pool> {
         let mut pool: *mut c_void = std::ptr::null_mut();
         // SAFETY: one out-pointer to a local.
         check(unsafe { cu::cuDeviceGetDefaultMemPool(&mut pool, device) })?;
         Ok(Pool(pool))
     }
 
-    pub fn destroy_pool(&self, pool: Pool) -> CuResult<()> {
+    fn destroy_pool(&self, pool: Pool) -> CuResult<()> {
         // SAFETY: the caller created `pool`; the driver defers the release
         // until outstanding allocations are gone.
         check(unsafe { cu::cuMemPoolDestroy(pool.0) })
     }
 
-    pub fn set_release_threshold(&self, pool: Pool, bytes: u64) -> CuResult<()> {
+    fn set_release_threshold(&self, pool: Pool, bytes: u64) -> CuResult<()> {
         let attribute = CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
-        self.set_pool_attribute(pool, attribute, AttributeValue::U64(bytes))
+        set_pool_attribute(pool, attribute, AttributeValue::U64(bytes))
     }
 
-    pub fn set_reuse_policies(
+    fn set_reuse_policies(
         &self,
         pool: Pool,
         follow_event_deps: bool,
@@ -257,33 +222,20 @@ impl Driver {
             (CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, opportunistic),
             (CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, internal_deps),
         ] {
-            self.set_pool_attribute(pool, attribute, AttributeValue::Int(on as c_int))?;
+            set_pool_attribute(pool, attribute, AttributeValue::Int(on as c_int))?;
         }
         Ok(())
     }
 
-    fn set_pool_attribute(
-        &self,
-        pool: Pool,
-        attribute: CUmemPool_attribute,
-        value: AttributeValue,
-    ) -> CuResult<()> {
-        // SAFETY: the driver reads an int for the reuse policies and a u64 for
-        // the threshold, as the value's variant is chosen by the callers above.
-        unsafe {
-            match value {
-                AttributeValue::Int(mut v) => {
-                    check(cu::cuMemPoolSetAttribute(pool.0, attribute as c_int, (&mut v as *mut c_int).cast()))
-                }
-                AttributeValue::U64(mut v) => {
-                    check(cu::cuMemPoolSetAttribute(pool.0, attribute as c_int, (&mut v as *mut u64).cast()))
-                }
-            }
-        }
-    }
-
     /// A byte-count attribute of the pool (reserved or used, current or high).
-    pub fn pool_bytes(&self, pool: Pool, attribute: CUmemPool_attribute) -> CuResult<u64> {
+    fn pool_bytes(&self, pool: Pool, counter: PoolCounter) -> CuResult<u64> {
+        use CUmemPool_attribute::*;
+        let attribute = match counter {
+            PoolCounter::ReservedNow => CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            PoolCounter::ReservedHigh => CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+            PoolCounter::UsedNow => CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            PoolCounter::UsedHigh => CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        };
         let mut value: u64 = 0;
         // SAFETY: the byte-count attributes are u64s; one out-pointer to a local.
         check(unsafe { cu::cuMemPoolGetAttribute(pool.0, attribute as c_int, (&mut value as *mut u64).cast()) })?;
@@ -291,7 +243,7 @@ impl Driver {
     }
 
     /// Lets `accessor` read and write every block of `pool`, past and future (or no longer).
-    pub fn set_peer_access(&self, pool: Pool, accessor: i32, allowed: bool) -> CuResult<()> {
+    fn set_peer_access(&self, pool: Pool, accessor: i32, allowed: bool) -> CuResult<()> {
         let flags = if allowed {
             CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
         } else {
@@ -303,12 +255,12 @@ impl Driver {
     }
 
     /// Returns the pool's unused memory to the driver.
-    pub fn trim(&self, pool: Pool) -> CuResult<()> {
+    fn trim(&self, pool: Pool) -> CuResult<()> {
         // SAFETY: `pool` is live.
         check(unsafe { cu::cuMemPoolTrimTo(pool.0, 0) })
     }
 
-    pub fn alloc_from_pool(&self, size: u64, pool: Pool, stream: Stream) -> CuResult<u64> {
+    fn alloc_from_pool(&self, size: u64, pool: Pool, stream: Stream) -> CuResult<u64> {
         let mut ptr: u64 = 0;
         // SAFETY: live handles; one out-pointer to a local.
         check(unsafe { cu::cuMemAllocFromPoolAsync(&mut ptr, size as usize, pool.0, stream.0) })?;
@@ -316,12 +268,12 @@ impl Driver {
     }
 
     /// Frees a pool block at once, in no stream's order.
-    pub fn free_now(&self, ptr: u64) -> CuResult<()> {
+    fn free_now(&self, ptr: u64) -> CuResult<()> {
         // SAFETY: `ptr` came from a pool of this driver and is freed once.
         check(unsafe { cu::cuMemFree_v2(ptr) })
     }
 
-    pub fn free_async(&self, ptr: u64, stream: Stream) -> CuResult<()> {
+    fn free_async(&self, ptr: u64, stream: Stream) -> CuResult<()> {
         // SAFETY: `ptr` came from a pool of this driver and is freed once
         // (the pointer map hands each pointer out for freeing once).
         check(unsafe { cu::cuMemFreeAsync(ptr, stream.0) })
@@ -330,4 +282,23 @@ impl Driver {
 
 fn device_location(device: i32) -> CUmemLocation {
     CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
+}
+
+fn set_pool_attribute(
+    pool: Pool,
+    attribute: CUmemPool_attribute,
+    value: AttributeValue,
+) -> CuResult<()> {
+    // SAFETY: the driver reads an int for the reuse policies and a u64 for
+    // the threshold, as the value's variant is chosen by the callers above.
+    unsafe {
+        match value {
+            AttributeValue::Int(mut v) => {
+                check(cu::cuMemPoolSetAttribute(pool.0, attribute as c_int, (&mut v as *mut c_int).cast()))
+            }
+            AttributeValue::U64(mut v) => {
+                check(cu::cuMemPoolSetAttribute(pool.0, attribute as c_int, (&mut v as *mut u64).cast()))
+            }
+        }
+    }
 }

@@ -8,14 +8,70 @@
 
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Once, OnceLock};
 use std::time::Instant;
 
-use crate::allocator::{self, Allocator, Freed};
-use crate::config::{MemInfo, StatsOutput};
-use crate::stats::Timing;
-use crate::driver::{self, Context, Driver, Stream};
-use crate::passthrough::Passthrough;
-use crate::real::SUCCESS;
+use super::caller::{self, CallerFilter};
+use crate::core::allocator::{Allocator, Freed};
+use crate::core::config::{Config, MemInfo, StatsOutput};
+use crate::core::passthrough::Passthrough;
+use crate::core::stats::{self, Timing};
+use crate::cuda::driver::{self, Driver};
+use crate::cuda::gpu::{Context, Gpu, Stream};
+use crate::cuda::real::SUCCESS;
+
+/// The process's allocator. The first call reads the configuration; a bad
+/// value ends the process with status 2 before anything is allocated.
+fn allocator() -> &'static Allocator {
+    static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
+    ALLOCATOR.get_or_init(|| {
+        let config = match Config::from_lookup(|name| std::env::var(name).ok()) {
+            Ok(config) => config,
+            Err(error) => {
+                eprintln!("{error}");
+                std::process::exit(2);
+            }
+        };
+        init_logging(&config);
+        for (name, value) in &config.effective {
+            log::debug!("{name}={value}");
+        }
+        Allocator::new(config)
+    })
+}
+
+fn init_logging(config: &Config) {
+    let _ = env_logger::Builder::new()
+        .parse_filters(&config.log)
+        .format_target(false)
+        .format_timestamp(None)
+        .format_module_path(false)
+        .try_init();
+}
+
+/// Callers named by `SOMA_PASSTHROUGH_CALLERS`, resolved once per call site.
+fn callers() -> &'static CallerFilter {
+    static CALLERS: OnceLock<CallerFilter> = OnceLock::new();
+    CALLERS.get_or_init(CallerFilter::default)
+}
+
+/// Arranges the `SOMA_STATS` table for exit, once. Called after a CUDA call
+/// has initialised the runtime, so that the report runs before the runtime's
+/// own exit handler (they run in reverse order).
+fn report_at_exit(allocator: &Allocator) {
+    static REGISTER: Once = Once::new();
+    if allocator.reporting() {
+        // SAFETY: at_exit is a plain extern "C" fn with no arguments.
+        REGISTER.call_once(|| unsafe {
+            libc::atexit(at_exit);
+        });
+    }
+}
+
+extern "C" fn at_exit() {
+    // A panic here must not unwind into libc's exit.
+    let _ = std::panic::catch_unwind(|| allocator().report(driver::loaded()));
+}
 
 /// `cudaStreamNonBlocking` and `CU_STREAM_NON_BLOCKING`.
 const STREAM_NON_BLOCKING: c_uint = 1;
@@ -31,19 +87,20 @@ pub unsafe fn malloc(
     make_context_current: impl FnOnce() -> bool,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    let allocator = allocator::get();
+    let allocator = allocator();
     let _timer = CallTimer::start(allocator, &allocator.stats.alloc_time);
     match pool_alloc(allocator, out.is_null(), size as u64, caller, make_context_current) {
         Ok(ptr) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
             unsafe { *out = ptr };
+            report_at_exit(allocator);
             SUCCESS
         }
         Err(reason) => {
             log::trace!("allocation of {size} bytes passed through: {reason:?}");
             allocator.stats.passed_through(reason, size as u64);
             let rc = real();
-            allocator.report_at_exit();
+            report_at_exit(allocator);
             if reason == Passthrough::PoolOutOfMemory && rc == SUCCESS {
                 let device = driver::loaded().and_then(|d| d.current_device().ok()).unwrap_or(0);
                 allocator.stats.device(device).oom_fallbacks.fetch_add(1, Relaxed);
@@ -87,7 +144,7 @@ fn pool_alloc(
         return Err(Passthrough::NullOutPointer);
     }
     let listed = &allocator.config.passthrough_callers;
-    if !listed.is_empty() && allocator.callers.is_listed(caller, listed) {
+    if !listed.is_empty() && callers().is_listed(caller, listed) {
         return Err(Passthrough::Caller);
     }
     if allocator.capture_in_progress() {
@@ -123,7 +180,7 @@ pub fn free(
     invalid_value: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    let allocator = allocator::get();
+    let allocator = allocator();
     let driver = match driver::loaded() {
         Some(driver) if ptr != 0 && !allocator.config.disable => driver,
         _ => return real(),
@@ -156,7 +213,7 @@ pub fn free(
 /// `cudaFreeAsync`/`cuMemFreeAsync`: the program frees a pointer itself, in
 /// the order of its stream. The real function does it; the map forgets it.
 pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
-    let allocator = allocator::get();
+    let allocator = allocator();
     if !allocator.config.disable && allocator.forget(driver::loaded(), ptr) == Freed::DoubleFree {
         return invalid_value();
     }
@@ -168,7 +225,7 @@ pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOn
 /// SAFETY: when `real` succeeds, `out` holds the new stream.
 pub unsafe fn stream_create(out: *mut *mut c_void, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
-    let allocator = allocator::get();
+    let allocator = allocator();
     if rc == SUCCESS && flags & STREAM_NON_BLOCKING != 0 && !allocator.config.disable {
         if let Some(driver) = driver::loaded() {
             // SAFETY: success means the new stream was written to `out`.
@@ -180,7 +237,7 @@ pub unsafe fn stream_create(out: *mut *mut c_void, flags: c_uint, real: impl FnO
 
 /// Stream destruction: the stream's last work stays ordered before later frees.
 pub fn stream_destroy(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
-    let allocator = allocator::get();
+    let allocator = allocator();
     if let Some(driver) = driver::loaded().filter(|_| !allocator.config.disable) {
         allocator.stream_destroying(driver, Stream(stream));
     }
@@ -200,7 +257,7 @@ pub fn per_thread(stream: *mut c_void) -> *mut c_void {
 /// Beginning a capture: while any capture runs, frees are queued.
 pub fn begin_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
     let mut rc = SUCCESS;
-    allocator::get().begin_capture(Stream(stream), || {
+    allocator().begin_capture(Stream(stream), || {
         rc = real();
         rc == SUCCESS
     });
@@ -209,14 +266,14 @@ pub fn begin_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
 
 /// Ending a capture: frees queued during captures are issued once none is left.
 pub fn end_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
-    allocator::get().end_capture(driver::loaded(), Stream(stream), real)
+    allocator().end_capture(driver::loaded(), Stream(stream), real)
 }
 
 /// A device reset destroys the device's memory and streams, so the shim
 /// forgets its pool and pointers first and makes new ones on next use.
 pub fn device_reset(device: Option<i32>, real: impl FnOnce() -> u32) -> u32 {
     if let (Some(driver), Some(device)) = (driver::loaded(), device) {
-        allocator::get().device_resetting(driver, device);
+        allocator().device_resetting(driver, device);
     }
     real()
 }
@@ -226,7 +283,7 @@ pub fn device_reset(device: Option<i32>, real: impl FnOnce() -> u32) -> u32 {
 /// `devices` names (owner, accessor) once `real` has succeeded.
 pub fn peer_access(allowed: bool, devices: impl FnOnce() -> Option<(i32, i32)>, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
-    let allocator = allocator::get();
+    let allocator = allocator();
     if rc == SUCCESS && !allocator.config.disable {
         if let (Some(driver), Some((owner, accessor))) = (driver::loaded(), devices()) {
             allocator.peer_access_changed(driver, owner, accessor, allowed);
@@ -241,7 +298,7 @@ pub fn peer_access(allowed: bool, devices: impl FnOnce() -> Option<(i32, i32)>, 
 /// SAFETY: `free` is null or writable, as the C contract requires.
 pub unsafe fn mem_get_info(free: *mut usize, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
-    let allocator = allocator::get();
+    let allocator = allocator();
     if rc != SUCCESS || free.is_null() || allocator.config.meminfo != MemInfo::Pool {
         return rc;
     }
@@ -258,15 +315,15 @@ pub unsafe fn mem_get_info(free: *mut usize, real: impl FnOnce() -> u32) -> u32 
 /// CUDA IPC, and the real call refuses it. The shim says why, and how to give
 /// the allocating library the real allocator; the real call then answers.
 pub fn ipc_get_mem_handle(ptr: u64, function: &str, real: impl FnOnce() -> u32) -> u32 {
-    let allocator = allocator::get();
+    let allocator = allocator();
     if let Some(block) = allocator.live_block(ptr) {
-        let library = crate::caller::object_of(block.caller).unwrap_or_else(|| "an unknown library".into());
+        let library = caller::object_of(block.caller).unwrap_or_else(|| "an unknown library".into());
         let name = library.rsplit('/').next().unwrap_or(&library).split('.').next().unwrap_or("").to_string();
         eprintln!(
             "somashim: {function}({ptr:#x}): this {} block comes from the shim's memory pool \
              (allocated from {library}), which CUDA IPC cannot share; run with \
              SOMA_PASSTHROUGH_CALLERS={name} to give that library the real allocator",
-            crate::stats::human_bytes(block.size)
+            stats::human_bytes(block.size)
         );
     }
     real()

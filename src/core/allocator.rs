@@ -7,22 +7,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::caller::CallerFilter;
-use crate::config::{Config, StatsOutput};
-use crate::device::{AllocFailure, Device, Predecessors};
-use crate::driver::{Context, Driver, Event, Stream};
-use crate::passthrough::Passthrough;
-use crate::ptrmap::{Block, Claim, PointerMap};
-use crate::stats::{PoolPeaks, Stats};
-use crate::trace::{Op, Trace};
+use super::config::{Config, StatsOutput};
+use super::device::{AllocFailure, Device, Predecessors};
+use crate::cuda::gpu::{Context, Gpu, Event, Stream};
+use super::passthrough::Passthrough;
+use super::ptrmap::{Block, Claim, PointerMap};
+use super::stats::{PoolPeaks, Stats};
+use super::trace::{Op, Trace};
 
 pub struct Allocator {
     pub config: Config,
     pub stats: Stats,
-    /// Callers named by `SOMA_PASSTHROUGH_CALLERS`, resolved once per call site.
-    pub callers: CallerFilter,
     trace: Option<Trace>,
     map: PointerMap,
     /// Indexed by device ordinal: not yet seen, cannot be pooled, or its pool.
@@ -79,58 +76,6 @@ pub enum Freed {
     NotOurs,
 }
 
-static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
-
-/// The process's allocator. The first call reads the configuration; a bad
-/// value ends the process with status 2 before anything is allocated.
-pub fn get() -> &'static Allocator {
-    ALLOCATOR.get_or_init(|| {
-        let config = match Config::from_lookup(|name| std::env::var(name).ok()) {
-            Ok(config) => config,
-            Err(error) => {
-                eprintln!("{error}");
-                std::process::exit(2);
-            }
-        };
-        init_logging(&config);
-        for (name, value) in &config.effective {
-            log::debug!("{name}={value}");
-        }
-        let trace = config.trace.as_deref().and_then(|path| {
-            Trace::create(path).map_err(|e| log::warn!("cannot write the trace to {path}: {e}")).ok()
-        });
-        Allocator {
-            config,
-            stats: Stats::default(),
-            callers: CallerFilter::default(),
-            trace,
-            map: PointerMap::default(),
-            devices: RwLock::new(Vec::new()),
-            streams: RwLock::new(StreamRegistry::default()),
-            captures: RwLock::new(HashMap::new()),
-            deferred: Mutex::new(Vec::new()),
-            has_deferred: AtomicBool::new(false),
-            peer_grants: Mutex::new(HashSet::new()),
-        }
-    })
-}
-
-extern "C" fn at_exit() {
-    if let Some(allocator) = ALLOCATOR.get() {
-        // A panic here must not unwind into libc's exit.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| allocator.report()));
-    }
-}
-
-fn init_logging(config: &Config) {
-    let _ = env_logger::Builder::new()
-        .parse_filters(&config.log)
-        .format_target(false)
-        .format_timestamp(None)
-        .format_module_path(false)
-        .try_init();
-}
-
 /// A poisoned lock only means a panic was caught at an export; every update
 /// under these locks is a single insert or removal, so the data is consistent.
 /// (`lock`, `read`, `write`: take the lock whatever.)
@@ -147,6 +92,26 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 }
 
 impl Allocator {
+    /// An allocator with no device seen yet. `config.trace` names the trace
+    /// file, if any (a file that cannot be written is logged and skipped).
+    pub fn new(config: Config) -> Allocator {
+        let trace = config.trace.as_deref().and_then(|path| {
+            Trace::create(path).map_err(|e| log::warn!("cannot write the trace to {path}: {e}")).ok()
+        });
+        Allocator {
+            config,
+            stats: Stats::default(),
+            trace,
+            map: PointerMap::default(),
+            devices: RwLock::new(Vec::new()),
+            streams: RwLock::new(StreamRegistry::default()),
+            captures: RwLock::new(HashMap::new()),
+            deferred: Mutex::new(Vec::new()),
+            has_deferred: AtomicBool::new(false),
+            peer_grants: Mutex::new(HashSet::new()),
+        }
+    }
+
     /// Whether the configuration sends this request to the real allocator.
     pub fn size_passthrough(&self, size: u64) -> Option<Passthrough> {
         if self.config.disable {
@@ -166,7 +131,7 @@ impl Allocator {
 
     /// Allocates `size` bytes in the pool of the device of `context` (the
     /// current one) for the code at `caller` (its return address).
-    pub fn alloc(&self, driver: &Driver, context: Context, size: u64, caller: usize) -> Result<u64, Passthrough> {
+    pub fn alloc(&self, driver: &impl Gpu, context: Context, size: u64, caller: usize) -> Result<u64, Passthrough> {
         let device = self.device(driver, context)?;
         self.issue_deferred_frees(driver);
         // Held through the allocation: no capture may begin while it may use the legacy stream.
@@ -193,7 +158,7 @@ impl Allocator {
 
     /// Frees `ptr` if the pool gave it out. During a capture the free is
     /// queued: recording events then could join or break the capture.
-    pub fn free(&self, driver: &Driver, ptr: u64) -> Freed {
+    pub fn free(&self, driver: &impl Gpu, ptr: u64) -> Freed {
         let captures = read(&self.captures);
         let current = driver.current_context().ok().flatten();
         if let Some(block) = self.map.live_block(ptr) {
@@ -233,7 +198,7 @@ impl Allocator {
 
     /// The program frees `ptr` itself (`cudaFreeAsync`): the map forgets a
     /// live block; a pending one makes this a double free.
-    pub fn forget(&self, driver: Option<&Driver>, ptr: u64) -> Freed {
+    pub fn forget(&self, driver: Option<&impl Gpu>, ptr: u64) -> Freed {
         match self.map.claim_for_free_async(ptr) {
             Claim::Live(block) => {
                 if let Some(driver) = driver {
@@ -247,21 +212,19 @@ impl Allocator {
     }
 
     /// Counts a pool block leaving the program's hands.
-    fn freed(&self, driver: &Driver, op: Op, ptr: u64, block: Block) {
+    fn freed(&self, driver: &impl Gpu, op: Op, ptr: u64, block: Block) {
         let in_use = self.stats.pooled_free(block.device, block.size);
         if let (Some(trace), Some(device)) = (&self.trace, self.known_device(block.device)) {
             trace.record(block.device, op, block.size, ptr, in_use, device.reserved(driver));
         }
     }
 
-    /// After a pool allocation: the trace, the reserved peak behind a new
-    /// in-use peak (kept for when the pool cannot be asked at exit), and the
-    /// exit report once.
-    fn observe(&self, driver: &Driver, device: &Device, op: Op, size: u64, ptr: u64, in_use: u64) {
+    /// After a pool allocation: the trace, and the reserved peak behind a new
+    /// in-use peak (kept for when the pool cannot be asked at exit).
+    fn observe(&self, driver: &impl Gpu, device: &Device, op: Op, size: u64, ptr: u64, in_use: u64) {
         if !self.reporting() {
             return;
         }
-        self.report_at_exit();
         let counters = self.stats.device(device.ordinal);
         if in_use >= counters.peak_in_use.load(Ordering::Relaxed) {
             if let Some(peaks) = device.peaks(driver) {
@@ -273,35 +236,23 @@ impl Allocator {
         }
     }
 
-    fn reporting(&self) -> bool {
+    /// Whether anything is reported at exit (`SOMA_STATS`, `SOMA_TRACE`).
+    pub fn reporting(&self) -> bool {
         self.config.stats != StatsOutput::Off || self.trace.is_some()
     }
 
-    /// Arranges the `SOMA_STATS` table for exit, once. Called after a CUDA
-    /// call has initialised the runtime, so that the report runs before the
-    /// runtime's own exit handler (they run in reverse order).
-    pub fn report_at_exit(&self) {
-        static REGISTER: Once = Once::new();
-        if self.reporting() {
-            // SAFETY: at_exit is a plain extern "C" fn with no arguments.
-            REGISTER.call_once(|| unsafe {
-                libc::atexit(at_exit);
-            });
-        }
-    }
-
     /// Bytes the pools of `device` hold but do not use (for `SOMA_MEMINFO=pool`).
-    pub fn idle_pool_bytes(&self, driver: &Driver, device: i32) -> u64 {
+    pub fn idle_pool_bytes(&self, driver: &impl Gpu, device: i32) -> u64 {
         self.known_device(device).map_or(0, |d| d.idle_bytes(driver))
     }
 
     /// The `SOMA_STATS` table (and the trace's last events), at exit.
-    fn report(&self) {
+    pub fn report(&self, driver: Option<&impl Gpu>) {
         if let Some(trace) = &self.trace {
             trace.flush();
         }
         let peaks = |ordinal: i32| -> Option<PoolPeaks> {
-            let live = self.known_device(ordinal).and_then(|d| crate::driver::loaded().and_then(|drv| d.peaks(drv)));
+            let live = self.known_device(ordinal).and_then(|d| driver.and_then(|drv| d.peaks(drv)));
             live.or_else(|| {
                 let seen = self.stats.device(ordinal).reserved_high_seen.load(Ordering::Relaxed);
                 (seen > 0).then_some(PoolPeaks { used_high: 0, reserved_high: seen })
@@ -319,7 +270,7 @@ impl Allocator {
     }
 
     /// Waits until `device` is idle (`SOMA_FREE_SYNC=1`).
-    pub fn synchronize_device(&self, driver: &Driver, device: i32) {
+    pub fn synchronize_device(&self, driver: &impl Gpu, device: i32) {
         if let Some(device) = self.known_device(device) {
             let result = driver.with_context(device.context, || driver.synchronize_context());
             if let Err(e) = result.and_then(|r| r) {
@@ -331,7 +282,7 @@ impl Allocator {
     /// Queues the block's return to its pool after all work issued so far.
     /// The captures lock must be held (for reading) with no capture in
     /// progress. `current`: the current context.
-    fn free_block(&self, driver: &Driver, current: Option<Context>, ptr: u64, block: Block) {
+    fn free_block(&self, driver: &impl Gpu, current: Option<Context>, ptr: u64, block: Block) {
         let Some(device) = self.known_device(block.device) else {
             log::warn!("free of {ptr:#x} on device {}, which has no pool", block.device);
             return;
@@ -354,7 +305,7 @@ impl Allocator {
         }
     }
 
-    fn issue_deferred_frees(&self, driver: &Driver) {
+    fn issue_deferred_frees(&self, driver: &impl Gpu) {
         if !self.has_deferred.load(Ordering::Acquire) {
             return;
         }
@@ -390,7 +341,7 @@ impl Allocator {
     }
 
     /// The pool of the current context's device, set up on first use.
-    fn device(&self, driver: &Driver, context: Context) -> Result<Arc<Device>, Passthrough> {
+    fn device(&self, driver: &impl Gpu, context: Context) -> Result<Arc<Device>, Passthrough> {
         // A pooled context is found without asking the driver for its device.
         let pooled = self.pooled_device_of(context);
         if let Some(device) = pooled.filter(|d| driver.context_id(context).ok() == Some(d.context_id)) {
@@ -424,8 +375,9 @@ impl Allocator {
                     self.device(driver, context)
                 }
             }
-            DeviceSlot::Pooled(_) => Err(Passthrough::ForeignContext),
-            _ => Err(Passthrough::NoPoolSupport),
+            // Set up is left for when the primary context is current.
+            DeviceSlot::Pooled(_) | DeviceSlot::Unseen => Err(Passthrough::ForeignContext),
+            DeviceSlot::Unpooled => Err(Passthrough::NoPoolSupport),
         }
     }
 
@@ -433,22 +385,22 @@ impl Allocator {
     /// primary context. A statically linked runtime's `cudaDeviceReset` does
     /// not go through the entry points the shim wraps; the context's ID shows
     /// it. `current`: the current context.
-    fn is_current_incarnation(&self, driver: &Driver, ordinal: i32, current: Option<Context>) -> bool {
+    fn is_current_incarnation(&self, driver: &impl Gpu, ordinal: i32, current: Option<Context>) -> bool {
         let Some(device) = self.known_device(ordinal) else {
             return true;
         };
         let current = match current {
             Some(current) if current == device.context => current,
             // Another device's context: ask for this device's primary one.
-            _ => match driver.primary_context(ordinal) {
-                Ok(primary) => primary,
-                Err(_) => return false,
+            _ => match driver.active_primary_context(ordinal) {
+                Ok(Some(primary)) => primary,
+                Ok(None) | Err(_) => return false,
             },
         };
         current == device.context && driver.context_id(current).ok() == Some(device.context_id)
     }
 
-    fn set_up(&self, driver: &Driver, ordinal: i32, context: Context) -> DeviceSlot {
+    fn set_up(&self, driver: &impl Gpu, ordinal: i32, context: Context) -> DeviceSlot {
         match driver.supports_pools(ordinal) {
             Ok(true) => {}
             Ok(false) => {
@@ -460,7 +412,7 @@ impl Allocator {
                 return DeviceSlot::Unpooled;
             }
         }
-        if driver.primary_context(ordinal).ok() != Some(context) {
+        if driver.active_primary_context(ordinal).ok().flatten() != Some(context) {
             // A context of the program's own: set up when the primary one is current.
             log::debug!("device {ordinal}: current context is not the primary one");
             return DeviceSlot::Unseen;
@@ -486,7 +438,7 @@ impl Allocator {
     /// Tracks a new non-blocking stream (made in the current context): every
     /// later free waits for its work, and blocks reused on the legacy stream
     /// before it existed are safe for it.
-    pub fn stream_created(&self, driver: &Driver, stream: Stream) {
+    pub fn stream_created(&self, driver: &impl Gpu, stream: Stream) {
         let context = match driver.stream_context(stream) {
             Ok(context) => context,
             Err(e) => return log::warn!("cannot find the context of a new stream: {e:?}"),
@@ -504,7 +456,7 @@ impl Allocator {
 
     /// Called before a stream is destroyed: its last work stays a
     /// predecessor of later frees until the GPU has passed it.
-    pub fn stream_destroying(&self, driver: &Driver, stream: Stream) {
+    pub fn stream_destroying(&self, driver: &impl Gpu, stream: Stream) {
         let mut registry = write(&self.streams);
         let Some((context, streams)) = registry.holding(stream) else {
             return;
@@ -537,7 +489,7 @@ impl Allocator {
     }
 
     /// Runs the real `end`; the capture is over whatever it returns.
-    pub fn end_capture<T>(&self, driver: Option<&Driver>, stream: Stream, end: impl FnOnce() -> T) -> T {
+    pub fn end_capture<T>(&self, driver: Option<&impl Gpu>, stream: Stream, end: impl FnOnce() -> T) -> T {
         let result = {
             let mut captures = write(&self.captures);
             let result = end();
@@ -558,7 +510,7 @@ impl Allocator {
 
     /// Forgets device `ordinal` before the real reset destroys its memory,
     /// and releases what the shim created there while it still can.
-    pub fn device_resetting(&self, driver: &Driver, ordinal: i32) {
+    pub fn device_resetting(&self, driver: &impl Gpu, ordinal: i32) {
         if let Some((device, unreturned)) = self.forget_device(ordinal) {
             let _ = driver.with_context(device.context, || device.destroy(driver, &unreturned));
             log::debug!("device {ordinal} reset: released {} block(s) and the pool", unreturned.len());
@@ -567,7 +519,7 @@ impl Allocator {
 
     /// The device was reset behind the shim's back: its old blocks are
     /// released and the shim starts over with a new pool on next use.
-    fn abandon_reset_device(&self, driver: &Driver, ordinal: i32) {
+    fn abandon_reset_device(&self, driver: &impl Gpu, ordinal: i32) {
         if let Some((device, unreturned)) = self.forget_device(ordinal) {
             log::debug!("device {ordinal} was reset by a path the shim does not wrap");
             device.abandon(driver, &unreturned);
@@ -600,7 +552,7 @@ impl Allocator {
     }
 
     /// `accessor` gained (or lost) peer access to `owner`'s memory.
-    pub fn peer_access_changed(&self, driver: &Driver, owner: i32, accessor: i32, allowed: bool) {
+    pub fn peer_access_changed(&self, driver: &impl Gpu, owner: i32, accessor: i32, allowed: bool) {
         let mut grants = lock(&self.peer_grants);
         if allowed {
             grants.insert((owner, accessor));
@@ -656,7 +608,7 @@ impl StreamRegistry {
 
 impl ContextStreams {
     /// Drops the tails of destroyed streams that the GPU has passed.
-    fn retire_passed_tails(&mut self, driver: &Driver) {
+    fn retire_passed_tails(&mut self, driver: &impl Gpu) {
         self.tails.retain(|&event| {
             if driver.has_passed(event) {
                 let _ = driver.destroy_event(event);

@@ -1,0 +1,12 @@
+//! The allocator core: configuration, the pointer map, one pool per device
+//! and the ordering that makes its reuse safe, statistics and the trace.
+//! No FFI: the GPU is reached only through `cuda::gpu::Gpu`, so `cargo test`
+//! runs all of it on a simulated GPU (`model`).
+
+pub mod allocator;
+pub mod config;
+pub mod device;
+pub mod passthrough;
+pub mod ptrmap;
+pub mod stats;
+pub mod trace;

@@ -1,0 +1,11 @@
+//! The front doors: what each exported function does with a call, and how
+//! programs that link the runtime statically are handed the shim's driver
+//! entry points (`dlsym`, `cuGetProcAddress`). They decide *whether* a call
+//! is the pool's; `core` does the pooling.
+
+pub mod caller;
+pub mod dlsym;
+pub mod driver_door;
+pub mod guard;
+pub mod hooks;
+pub mod runtime_door;
