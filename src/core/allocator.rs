@@ -196,18 +196,29 @@ impl Allocator {
         self.known_device(device).map(|d| d.context)
     }
 
-    /// The program frees `ptr` itself (`cudaFreeAsync`): the map forgets a
-    /// live block; a pending one makes this a double free.
-    pub fn forget(&self, driver: Option<&impl Gpu>, ptr: u64) -> Freed {
+    /// The program frees `ptr` itself (`cudaFreeAsync`, which `real_free`
+    /// calls; true if it succeeded): the map forgets a live block; a pending
+    /// one makes this a double free, which `real_free` never sees.
+    pub fn forget(&self, driver: Option<&impl Gpu>, ptr: u64, real_free: impl FnOnce() -> bool) -> Freed {
         match self.map.claim_for_free_async(ptr) {
             Claim::Live(block) => {
                 if let Some(driver) = driver {
                     self.freed(driver, Op::FreeAsync, ptr, block);
                 }
+                if real_free() {
+                    if let (Some(driver), Some(device)) = (driver, self.known_device(block.device)) {
+                        if !self.capture_in_progress() {
+                            device.program_freed(driver);
+                        }
+                    }
+                }
                 Freed::Issued { device: block.device }
             }
             Claim::Pending => Freed::DoubleFree,
-            Claim::Unknown => Freed::NotOurs,
+            Claim::Unknown => {
+                real_free();
+                Freed::NotOurs
+            }
         }
     }
 
@@ -448,7 +459,9 @@ impl Allocator {
         streams.push(stream);
         log::debug!("non-blocking stream {:?} made: {} live in its context", stream.0, streams.len());
         if let Some(device) = self.pooled_device_of(context) {
-            if let Err(e) = device.leave_legacy_stream(driver) {
+            // A host wait on the legacy stream would break a global capture.
+            let host_may_wait = !self.capture_in_progress();
+            if let Err(e) = device.leave_legacy_stream(driver, stream, host_may_wait) {
                 log::warn!("device {}: waiting for the legacy stream failed: {e:?}", device.ordinal);
             }
         }
@@ -511,6 +524,10 @@ impl Allocator {
     /// Forgets device `ordinal` before the real reset destroys its memory,
     /// and releases what the shim created there while it still can.
     pub fn device_resetting(&self, driver: &impl Gpu, ordinal: i32) {
+        // The reset destroys the context's streams, pooled or not.
+        if let Ok(Some(context)) = driver.active_primary_context(ordinal) {
+            write(&self.streams).forget_context(context);
+        }
         if let Some((device, unreturned)) = self.forget_device(ordinal) {
             let _ = driver.with_context(device.context, || device.destroy(driver, &unreturned));
             log::debug!("device {ordinal} reset: released {} block(s) and the pool", unreturned.len());

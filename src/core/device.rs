@@ -331,14 +331,34 @@ impl Device {
         self.on_legacy_stream.load(Relaxed) != on_legacy && self.on_legacy_stream.swap(on_legacy, Relaxed) != on_legacy
     }
 
-    /// A non-blocking stream is being made: from now on frees join it, and
+    /// The non-blocking stream `made` is new: from now on frees join it, and
     /// it must not use a block reused on the legacy stream before the work
     /// that block was freed after has finished. The host waits for that work
     /// (the real `cudaFree` did, when the program freed the block), so the
-    /// new stream starts idle, as it would without the shim.
-    pub fn leave_legacy_stream(&self, driver: &impl Gpu) -> CuResult<()> {
+    /// new stream starts idle, as it would without the shim. While a capture
+    /// forbids host waits on the legacy stream, the new stream waits on the
+    /// GPU instead (legal in every capture mode: `made` is not capturing).
+    pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, host_may_wait: bool) -> CuResult<()> {
         self.on_legacy_stream.store(false, Relaxed);
-        driver.wait_for(self.legacy_free_mark)
+        if host_may_wait {
+            driver.wait_for(self.legacy_free_mark)
+        } else {
+            driver.wait_event(made, self.legacy_free_mark)
+        }
+    }
+
+    /// The program freed one of the pool's blocks itself (`cudaFreeAsync`).
+    /// On the legacy stream the pool may hand it out again in that stream's
+    /// order, so a non-blocking stream made later must wait for the work
+    /// before that free too: the legacy free mark moves past it.
+    pub fn program_freed(&self, driver: &impl Gpu) {
+        if !self.on_legacy_stream.load(Relaxed) {
+            return; // the pool stream reuses it only once the GPU has passed the free
+        }
+        let marked = driver.with_context(self.context, || driver.record(self.legacy_free_mark, Stream::LEGACY));
+        if let Err(e) = marked.and_then(|r| r) {
+            log::warn!("device {}: marking the legacy stream after a cudaFreeAsync failed: {e:?}", self.ordinal);
+        }
     }
 
     /// Makes the join stream wait for the work issued so far on `streams`

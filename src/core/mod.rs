@@ -6,6 +6,10 @@
 pub mod allocator;
 pub mod config;
 pub mod device;
+#[cfg(test)]
+mod model;
+#[cfg(test)]
+mod model_tests;
 pub mod passthrough;
 pub mod ptrmap;
 pub mod stats;

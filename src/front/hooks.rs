@@ -214,10 +214,18 @@ pub fn free(
 /// the order of its stream. The real function does it; the map forgets it.
 pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
     let allocator = allocator();
-    if !allocator.config.disable && allocator.forget(driver::loaded(), ptr) == Freed::DoubleFree {
+    if allocator.config.disable {
+        return real();
+    }
+    let mut rc = SUCCESS;
+    let freed = allocator.forget(driver::loaded(), ptr, || {
+        rc = real();
+        rc == SUCCESS
+    });
+    if freed == Freed::DoubleFree {
         return invalid_value();
     }
-    real()
+    rc
 }
 
 /// Stream creation: non-blocking streams are tracked, since the legacy stream

@@ -1,0 +1,498 @@
+//! The ordering contract, checked on the simulated GPU (`model`).
+//!
+//! A random program (allocations, kernels on every kind of stream, frees,
+//! streams made and destroyed, captures in every mode, resets, host
+//! synchronizations) runs against the allocator core while the GPU completes
+//! work in a random order. The model flags any program work that runs while
+//! work issued before the free of an earlier owner of the same block is
+//! unfinished, any capture the shim joins or invalidates, and any misuse of
+//! the driver; the harness checks the pending-free bound after each
+//! allocation. The same harness run on a naive shim (free on the legacy
+//! stream alone) must find violations: the checks have teeth.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+
+use super::allocator::{Allocator, Freed};
+use super::config::Config;
+use super::model::{CaptureMode, SimGpu, Touch, PER_THREAD};
+use crate::cuda::gpu::{Gpu, Pool, Stream};
+
+const MIB: u64 = 1 << 20;
+const CAPACITY: u64 = 64 * MIB;
+
+/// The allocator under test, as the front doors drive it.
+trait Shim {
+    /// A pool block, or None where the call goes to the real allocator.
+    fn malloc(&self, gpu: &SimGpu, size: u64) -> Option<u64>;
+    /// `cudaFree` of a block `malloc` returned.
+    fn free(&self, gpu: &SimGpu, ptr: u64);
+    /// `cudaFreeAsync` of a block `malloc` returned.
+    fn free_async(&self, gpu: &SimGpu, ptr: u64, stream: Stream);
+    fn stream_created(&self, gpu: &SimGpu, stream: Stream);
+    fn stream_destroying(&self, gpu: &SimGpu, stream: Stream);
+    fn begin_capture(&self, gpu: &SimGpu, stream: Stream, mode: CaptureMode) -> bool;
+    fn end_capture(&self, gpu: &SimGpu, stream: Stream);
+    fn reset(&self, gpu: &SimGpu);
+    /// What the shim promises about frees whose work is not yet done.
+    fn pending_bound(&self) -> u64;
+}
+
+impl Shim for Allocator {
+    fn malloc(&self, gpu: &SimGpu, size: u64) -> Option<u64> {
+        if self.capture_in_progress() {
+            return None;
+        }
+        self.alloc(gpu, gpu.context(), size, 0).ok()
+    }
+
+    fn free(&self, gpu: &SimGpu, ptr: u64) {
+        match Allocator::free(self, gpu, ptr) {
+            Freed::Issued { .. } | Freed::Deferred => {}
+            other => panic!("free of the live pool block {ptr:#x}: {other:?}"),
+        }
+    }
+
+    fn free_async(&self, gpu: &SimGpu, ptr: u64, stream: Stream) {
+        let freed = self.forget(Some(gpu), ptr, || gpu.free_async(ptr, stream).is_ok());
+        assert!(matches!(freed, Freed::Issued { .. }), "{freed:?}");
+    }
+
+    fn stream_created(&self, gpu: &SimGpu, stream: Stream) {
+        Allocator::stream_created(self, gpu, stream);
+    }
+
+    fn stream_destroying(&self, gpu: &SimGpu, stream: Stream) {
+        Allocator::stream_destroying(self, gpu, stream);
+    }
+
+    fn begin_capture(&self, gpu: &SimGpu, stream: Stream, mode: CaptureMode) -> bool {
+        let mut began = false;
+        Allocator::begin_capture(self, stream, || {
+            began = gpu.begin_capture(stream, mode);
+            began
+        });
+        began
+    }
+
+    fn end_capture(&self, gpu: &SimGpu, stream: Stream) {
+        Allocator::end_capture(self, Some(gpu), stream, || gpu.end_capture(stream));
+    }
+
+    fn reset(&self, gpu: &SimGpu) {
+        self.device_resetting(gpu, 0);
+        gpu.reset();
+    }
+
+    fn pending_bound(&self) -> u64 {
+        self.config.pending_free_limit
+    }
+}
+
+/// Frees on the legacy stream alone, and reuses there at once: what a shim
+/// that forgets non-blocking streams would do.
+struct NaiveShim {
+    pool: std::sync::OnceLock<Pool>,
+}
+
+impl Shim for NaiveShim {
+    fn malloc(&self, gpu: &SimGpu, size: u64) -> Option<u64> {
+        let pool = *self.pool.get_or_init(|| gpu.create_pool(0).expect("pool"));
+        gpu.alloc_from_pool(size, pool, Stream::LEGACY).ok()
+    }
+    fn free(&self, gpu: &SimGpu, ptr: u64) {
+        let _ = gpu.free_async(ptr, Stream::LEGACY); // fails in a global capture: leaked
+    }
+    fn free_async(&self, gpu: &SimGpu, ptr: u64, stream: Stream) {
+        gpu.free_async(ptr, stream).expect("a live pool block");
+    }
+    fn stream_created(&self, _: &SimGpu, _: Stream) {}
+    fn stream_destroying(&self, _: &SimGpu, _: Stream) {}
+    fn begin_capture(&self, gpu: &SimGpu, stream: Stream, mode: CaptureMode) -> bool {
+        gpu.begin_capture(stream, mode)
+    }
+    fn end_capture(&self, gpu: &SimGpu, stream: Stream) {
+        gpu.end_capture(stream)
+    }
+    fn reset(&self, gpu: &SimGpu) {
+        gpu.reset();
+    }
+    fn pending_bound(&self) -> u64 {
+        u64::MAX
+    }
+}
+
+/// One step of a random program; indices pick among what exists.
+#[derive(Clone, Debug)]
+enum Action {
+    Alloc { mib: u8 },
+    Launch { block: u8, stream: u8 },
+    Free { block: u8 },
+    FreeAsync,
+    CreateStream { nonblocking: bool },
+    DestroyStream { stream: u8 },
+    Progress { ops: u8 },
+    HostSync,
+    BeginCapture { stream: u8, mode: u8 },
+    EndCapture,
+    Reset,
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        6 => (1u8..=3).prop_map(|mib| Action::Alloc { mib }),
+        8 => (any::<u8>(), any::<u8>()).prop_map(|(block, stream)| Action::Launch { block, stream }),
+        5 => any::<u8>().prop_map(|block| Action::Free { block }),
+        1 => Just(Action::FreeAsync),
+        2 => any::<bool>().prop_map(|nonblocking| Action::CreateStream { nonblocking }),
+        1 => any::<u8>().prop_map(|stream| Action::DestroyStream { stream }),
+        6 => (1u8..=12).prop_map(|ops| Action::Progress { ops }),
+        1 => Just(Action::HostSync),
+        1 => (any::<u8>(), 0u8..3).prop_map(|(stream, mode)| Action::BeginCapture { stream, mode }),
+        1 => Just(Action::EndCapture),
+        1 => Just(Action::Reset),
+    ]
+}
+
+struct LiveBlock {
+    touch: Touch,
+    size: u64,
+    pooled: bool,
+    /// Streams its work went to (a `cudaFreeAsync` is only legal on the one).
+    used_on: HashSet<usize>,
+}
+
+/// The program's side of a run: its streams and blocks.
+struct Program<'a, S: Shim> {
+    gpu: &'a SimGpu,
+    shim: &'a S,
+    streams: Vec<(Stream, bool)>,
+    blocks: Vec<LiveBlock>,
+    /// Blocks the shim took back with `cudaFree` (pending until the pool has them).
+    freed: HashMap<u64, u64>,
+    capture: Option<(Stream, CaptureMode)>,
+    next_real_address: u64,
+}
+
+impl<'a, S: Shim> Program<'a, S> {
+    fn new(gpu: &'a SimGpu, shim: &'a S) -> Self {
+        Program {
+            gpu,
+            shim,
+            streams: vec![(Stream::LEGACY, false), (PER_THREAD, false)],
+            blocks: Vec::new(),
+            freed: HashMap::new(),
+            capture: None,
+            next_real_address: 0x1_0000_0000,
+        }
+    }
+
+    fn global_capture(&self) -> bool {
+        matches!(self.capture, Some((_, CaptureMode::Global)))
+    }
+
+    fn capturing(&self, stream: Stream) -> bool {
+        self.capture.is_some_and(|(s, _)| s == stream)
+    }
+
+    fn run(&mut self, action: &Action) -> Result<(), String> {
+        match *action {
+            Action::Alloc { mib } => {
+                let size = u64::from(mib) * MIB;
+                let (ptr, pooled) = match self.shim.malloc(self.gpu, size) {
+                    Some(ptr) => (ptr, true),
+                    None => {
+                        // The real allocator: fresh addresses, never reused.
+                        self.next_real_address += size;
+                        (self.next_real_address, false)
+                    }
+                };
+                let touch = Touch { ptr, generation: self.gpu.next_generation(ptr) };
+                self.blocks.push(LiveBlock { touch, size, pooled, used_on: HashSet::new() });
+                if pooled {
+                    self.freed.remove(&ptr); // handed out again, so no longer pending
+                    self.check_pending_bound()?;
+                }
+            }
+            Action::Launch { block, stream } => {
+                if self.blocks.is_empty() {
+                    return Ok(());
+                }
+                let (stream, _) = self.streams[usize::from(stream) % self.streams.len()];
+                // A captured launch does not run; a legacy one fails in a global capture.
+                if self.capturing(stream) || (stream == Stream::LEGACY && self.global_capture()) {
+                    return Ok(());
+                }
+                let index = usize::from(block) % self.blocks.len();
+                self.blocks[index].used_on.insert(stream.0 as usize);
+                self.gpu.launch(stream, self.blocks[index].touch);
+            }
+            Action::Free { block } => {
+                if self.blocks.is_empty() {
+                    return Ok(());
+                }
+                let index = usize::from(block) % self.blocks.len();
+                if !self.blocks[index].pooled {
+                    if self.capture.is_some() {
+                        return Ok(()); // the real cudaFree would fail or be queued
+                    }
+                    self.gpu.drain(); // the real cudaFree synchronizes the device
+                    self.blocks.swap_remove(index);
+                    return Ok(());
+                }
+                let block = self.blocks.swap_remove(index);
+                self.gpu.program_freed(block.touch);
+                self.freed.insert(block.touch.ptr, block.size);
+                self.shim.free(self.gpu, block.touch.ptr);
+            }
+            Action::FreeAsync => {
+                // Legal only on the one live stream that used the block.
+                let stream_of = |b: &LiveBlock| match b.used_on.iter().next() {
+                    Some(&s) => Stream(s as *mut std::ffi::c_void),
+                    None => Stream::LEGACY,
+                };
+                let usable = |b: &LiveBlock| {
+                    let stream = stream_of(b);
+                    b.pooled
+                        && b.used_on.len() <= 1
+                        && self.streams.iter().any(|&(s, _)| s == stream)
+                        && !self.capturing(stream)
+                        && !(stream == Stream::LEGACY && self.global_capture())
+                };
+                let Some(index) = self.blocks.iter().position(usable) else {
+                    return Ok(());
+                };
+                let stream = stream_of(&self.blocks[index]);
+                let block = self.blocks.swap_remove(index);
+                self.gpu.program_freed_on(block.touch, stream);
+                self.shim.free_async(self.gpu, block.touch.ptr, stream);
+            }
+            Action::CreateStream { nonblocking } => {
+                if self.streams.len() >= 12 {
+                    return Ok(());
+                }
+                let stream = self.gpu.program_stream(nonblocking);
+                if nonblocking {
+                    self.shim.stream_created(self.gpu, stream);
+                }
+                self.streams.push((stream, nonblocking));
+            }
+            Action::DestroyStream { stream } => {
+                let index = usize::from(stream) % self.streams.len();
+                let (stream, _) = self.streams[index];
+                if index < 2 || self.capturing(stream) {
+                    return Ok(());
+                }
+                self.shim.stream_destroying(self.gpu, stream);
+                self.gpu.program_destroy_stream(stream);
+                self.streams.remove(index);
+            }
+            Action::Progress { ops } => self.gpu.progress(usize::from(ops)),
+            Action::HostSync => {
+                if self.capture.is_none() {
+                    self.gpu.drain();
+                }
+            }
+            Action::BeginCapture { stream, mode } => {
+                if self.capture.is_some() {
+                    return Ok(());
+                }
+                let (stream, _) = self.streams[usize::from(stream) % self.streams.len()];
+                if stream == Stream::LEGACY {
+                    return Ok(());
+                }
+                let mode = [CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed][usize::from(mode)];
+                if self.shim.begin_capture(self.gpu, stream, mode) {
+                    self.capture = Some((stream, mode));
+                }
+            }
+            Action::EndCapture => {
+                if let Some((stream, _)) = self.capture.take() {
+                    self.shim.end_capture(self.gpu, stream);
+                }
+            }
+            Action::Reset => {
+                if self.capture.is_some() {
+                    return Ok(());
+                }
+                self.shim.reset(self.gpu);
+                self.blocks.clear();
+                self.freed.clear();
+                self.streams.truncate(2);
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes the program freed that the pool has not yet taken back.
+    fn check_pending_bound(&mut self) -> Result<(), String> {
+        let gpu = self.gpu;
+        self.freed.retain(|&ptr, _| gpu.is_allocated(ptr));
+        let pending: u64 = self.freed.values().sum();
+        let bound = self.shim.pending_bound();
+        if pending > bound {
+            return Err(format!("{pending} bytes of frees pending after an allocation, over the bound of {bound}"));
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) {
+        if let Some((stream, _)) = self.capture.take() {
+            self.shim.end_capture(self.gpu, stream);
+        }
+        self.gpu.drain();
+    }
+}
+
+/// Runs `actions` against `shim` on a GPU whose order is drawn from `seed`;
+/// the violations found, as text.
+fn violations_of(shim: &impl Shim, actions: &[Action], seed: u64) -> Vec<String> {
+    let gpu = SimGpu::new(seed, CAPACITY);
+    let mut program = Program::new(&gpu, shim);
+    let mut found = Vec::new();
+    for action in actions {
+        if let Err(e) = program.run(action) {
+            found.push(format!("{action:?}: {e}"));
+        }
+    }
+    program.finish();
+    let v = gpu.violations();
+    found.extend(v.early_reuse.into_iter().chain(v.capture).chain(v.misuse));
+    found
+}
+
+fn allocator(settings: &[(&str, &str)]) -> Allocator {
+    let settings: HashMap<String, String> = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    Allocator::new(Config::from_lookup(|name| settings.get(name).cloned()).expect("valid settings"))
+}
+
+fn program() -> impl Strategy<Value = (Vec<Action>, u64)> {
+    (prop::collection::vec(action(), 1..150), any::<u64>())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_block_is_reused_before_earlier_work_default((actions, seed) in program()) {
+        let found = violations_of(&allocator(&[]), &actions, seed);
+        prop_assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
+    fn no_block_is_reused_before_earlier_work_barrier((actions, seed) in program()) {
+        let found = violations_of(&allocator(&[("SOMA_FREE_ORDER", "barrier")]), &actions, seed);
+        prop_assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
+    fn no_block_is_reused_before_earlier_work_small_pending_limit((actions, seed) in program()) {
+        let found = violations_of(&allocator(&[("SOMA_PENDING_FREE_LIMIT", "2MiB")]), &actions, seed);
+        prop_assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
+    fn no_block_is_reused_before_earlier_work_default_pool((actions, seed) in program()) {
+        let found = violations_of(&allocator(&[("SOMA_POOL", "default")]), &actions, seed);
+        prop_assert!(found.is_empty(), "{found:#?}");
+    }
+}
+
+/// The teeth: the same programs find the naive shim out.
+#[test]
+fn a_shim_that_frees_on_the_legacy_stream_alone_is_caught() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut caught = 0;
+    let runs = 200;
+    for _ in 0..runs {
+        let (actions, seed) = program().new_tree(&mut runner).expect("a program").current();
+        let naive = NaiveShim { pool: std::sync::OnceLock::new() };
+        if !violations_of(&naive, &actions, seed).is_empty() {
+            caught += 1;
+        }
+    }
+    eprintln!("the checks caught the naive shim in {caught} of {runs} random programs");
+    assert!(caught > runs / 10, "the checks caught the naive shim in only {caught} of {runs} programs");
+}
+
+/// A fixed program that needs no luck: a kernel on a non-blocking stream
+/// still runs when the block is freed and allocated again.
+#[test]
+fn the_naive_shim_fails_the_basic_race_and_ours_passes() {
+    let actions = [
+        Action::CreateStream { nonblocking: true },
+        Action::Alloc { mib: 1 },
+        Action::Launch { block: 0, stream: 2 },
+        Action::Free { block: 0 },
+        Action::Alloc { mib: 1 },
+        Action::Launch { block: 0, stream: 0 },
+    ];
+    // The race shows when the GPU runs the new owner's kernel first: some orders do.
+    let caught = (0..32).filter(|&seed| {
+        let naive = violations_of(&NaiveShim { pool: std::sync::OnceLock::new() }, &actions, seed);
+        naive.iter().any(|v| v.contains("ran before"))
+    });
+    assert!(caught.count() > 0, "no order of the GPU showed the naive shim's race");
+    for seed in 0..32 {
+        for settings in [&[][..], &[("SOMA_FREE_ORDER", "barrier")][..]] {
+            let ours = violations_of(&allocator(settings), &actions, seed);
+            assert!(ours.is_empty(), "{settings:?}, seed {seed}: {ours:#?}");
+        }
+    }
+}
+
+/// Many host threads, each with a non-blocking stream of its own, allocate
+/// and free at once while the GPU runs in the background.
+#[test]
+fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
+    for (seed, settings) in [(1, &[][..]), (2, &[("SOMA_FREE_ORDER", "barrier")][..]), (3, &[][..])] {
+        let gpu = Arc::new(SimGpu::new(seed, 1 << 30));
+        let shim = Arc::new(allocator(settings));
+        let stop = Arc::new(AtomicBool::new(false));
+        let background = {
+            let (gpu, stop) = (Arc::clone(&gpu), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    gpu.progress(3);
+                    std::thread::yield_now();
+                }
+            })
+        };
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let (gpu, shim) = (Arc::clone(&gpu), Arc::clone(&shim));
+                std::thread::spawn(move || -> u64 {
+                    let own = gpu.program_stream(t % 4 != 0);
+                    if t % 4 != 0 {
+                        Shim::stream_created(&*shim, &gpu, own);
+                    }
+                    let mut pooled = 0;
+                    for i in 0..150u64 {
+                        let size = (1 + (i + t) % 3) * MIB;
+                        let Some(ptr) = Shim::malloc(&*shim, &gpu, size) else {
+                            continue; // the real allocator served it: nothing to check
+                        };
+                        pooled += 1;
+                        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
+                        let stream = if i % 3 == 0 { Stream::LEGACY } else { own };
+                        gpu.launch(stream, touch);
+                        gpu.program_freed(touch);
+                        Shim::free(&*shim, &gpu, ptr);
+                    }
+                    pooled
+                })
+            })
+            .collect();
+        let pooled: u64 = threads.into_iter().map(|t| t.join().expect("a program thread")).sum();
+        assert!(pooled > 8 * 150 / 2, "{settings:?}: the pool served only {pooled} of 1200 allocations");
+        stop.store(true, Ordering::Relaxed);
+        background.join().expect("the GPU thread");
+        gpu.drain();
+        let v = gpu.violations();
+        assert!(v.is_empty(), "{settings:?}: {v:#?}");
+    }
+}
