@@ -1,6 +1,6 @@
 /* fake libcudart.so.13 over the fake driver: see fakecuda.h.
  * Real signatures (compiled against the real cuda_runtime_api.h) and the
- * error semantics measured on an H200 with CUDA 13.0 (docs/probe-facts-h200.txt):
+ * error semantics measured on an H200 with CUDA 13.0 (docs/FACTS.md):
  * cudaMalloc(&p, 0) -> success, p == NULL; cudaMalloc(NULL, n) -> invalid
  * value; impossible size -> cudaErrorMemoryAllocation, p == NULL; cudaFree of
  * a host, interior or already freed pointer -> invalid value; cudaFree(NULL)
