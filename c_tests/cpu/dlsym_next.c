@@ -2,8 +2,8 @@
  * that library, as without the shim, even though the shim wraps dlsym: the
  * classic interposer failure is to resolve RTLD_NEXT relative to the wrapper,
  * which hands the caller its own function back (infinite recursion in real
- * programs that wrap a function this way, as the interposer threads in
- * DESIGN.md recorded). libnext_a.so and libnext_b.so both define
+ * programs that wrap a function this way: public interposers' recorded
+ * failures, docs/DESIGN.md). libnext_a.so and libnext_b.so both define
  * next_probe_target; a's probe asks for the next one and must get b's. */
 #define _GNU_SOURCE
 #include <dlfcn.h>

@@ -1,4 +1,4 @@
-/* The driver front door (DESIGN.md, "how programs reach the allocator"): a
+/* The driver front door (docs/DESIGN.md, "How programs reach the allocator"): a
  * program built with nvcc's default, the static runtime, has no cudaMalloc
  * to interpose. It links no CUDA library: it dlopens libcuda.so.1, finds
  * cuGetProcAddress_v2 with dlsym, asks it for "cuGetProcAddress", and gets

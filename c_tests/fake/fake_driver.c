@@ -102,7 +102,6 @@ struct capture {
   struct CUgraph_st *graph;     /* BeginCaptureToGraph */
   int nmem;
   struct member mem[64];
-  uint64_t id;
 };
 
 struct alloc {
@@ -138,7 +137,6 @@ static struct CUmemPoolHandle_st **g_pools;
 static uint32_t g_npools, g_cappools;
 static struct capture *g_caps[256];
 static int g_ncaps;
-static uint64_t g_capture_ids;
 static struct vc g_host_vc;     /* what the host has synchronized with */
 
 #define NBUCKET 4096
@@ -149,7 +147,6 @@ static __thread struct CUctx_st *t_stack[64];
 static __thread int t_depth;    /* t_stack[t_depth-1] is current */
 static __thread struct CUstream_st *t_pt[MAXDEV];
 static __thread unsigned t_pt_gen[MAXDEV];
-static __thread int t_capmode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 static __thread char t_problem[1024];
 
 #define CNT(f) __atomic_add_fetch(&g_cnt.f, 1, __ATOMIC_SEQ_CST)
@@ -611,7 +608,6 @@ static void invalidate(struct capture *c) {
 /* Is an "unsafe" call prohibited on this thread now (capture rules)? If so,
  * the captures concerned are invalidated, as the real driver does. */
 static int prohibited(void) {
-  if (t_capmode == CU_STREAM_CAPTURE_MODE_RELAXED) return 0;
   int hit = 0;
   pthread_t self = pthread_self();
   for (int i = 0; i < g_ncaps; i++) {
@@ -619,8 +615,7 @@ static int prohibited(void) {
     if (pthread_equal(c->thread, self) && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
       invalidate(c);
       hit = 1;
-    } else if (!pthread_equal(c->thread, self) && t_capmode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
-               c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+    } else if (!pthread_equal(c->thread, self) && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
       invalidate(c);
       hit = 1;
     }
@@ -727,81 +722,11 @@ CUresult cuInit(unsigned int Flags) {
   RET(CUDA_SUCCESS);
 }
 
-CUresult cuDriverGetVersion(int *driverVersion) {
-  if (!driverVersion) return CUDA_ERROR_INVALID_VALUE;
-  *driverVersion = 13000;
-  return CUDA_SUCCESS;
-}
-
-static const struct { CUresult r; const char *name, *str; } g_errs[] = {
-    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
-    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
-    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
-    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
-    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
-    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
-    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
-    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
-    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
-    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
-    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
-    {CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
-    {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
-    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
-    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
-    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
-    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
-    {CUDA_ERROR_STREAM_CAPTURE_MERGE, "CUDA_ERROR_STREAM_CAPTURE_MERGE", "operation would result in a merge of separate capture sequences"},
-    {CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"},
-    {CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"},
-    {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
-    {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
-};
-
-CUresult cuGetErrorString(CUresult error, const char **pStr) {
-  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
-    if (g_errs[i].r == error) {
-      *pStr = g_errs[i].str;
-      return CUDA_SUCCESS;
-    }
-  *pStr = NULL;
-  return CUDA_ERROR_INVALID_VALUE;
-}
-
-CUresult cuGetErrorName(CUresult error, const char **pStr) {
-  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
-    if (g_errs[i].r == error) {
-      *pStr = g_errs[i].name;
-      return CUDA_SUCCESS;
-    }
-  *pStr = NULL;
-  return CUDA_ERROR_INVALID_VALUE;
-}
-
 /* ---- devices */
-CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-  NEED_INIT();
-  if (!device) return CUDA_ERROR_INVALID_VALUE;
-  if (ordinal < 0 || ordinal >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
-  *device = ordinal;
-  return CUDA_SUCCESS;
-}
-
 CUresult cuDeviceGetCount(int *count) {
   NEED_INIT();
   if (!count) return CUDA_ERROR_INVALID_VALUE;
   *count = g_ndev;
-  return CUDA_SUCCESS;
-}
-
-CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
-  NEED_INIT();
-  if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-  if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
-  snprintf(name, (size_t)len, "fakecuda device %d", dev);
   return CUDA_SUCCESS;
 }
 
@@ -812,11 +737,6 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) 
   if ((int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
   switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = !g_nopools; break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *pi = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = dev; break;
     default: *pi = 0; break;
   }
   return CUDA_SUCCESS;
@@ -827,14 +747,6 @@ CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
   if (!bytes) return CUDA_ERROR_INVALID_VALUE;
   if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
   *bytes = (size_t)g_limit;
-  return CUDA_SUCCESS;
-}
-
-CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
-  NEED_INIT();
-  if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
-  if (dev < 0 || dev >= g_ndev || peerDev < 0 || peerDev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
-  *canAccessPeer = dev != peerDev;
   return CUDA_SUCCESS;
 }
 
@@ -1106,17 +1018,6 @@ CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
   RET(CUDA_SUCCESS);
 }
 
-CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
-  NEED_INIT();
-  if (!flags) return CUDA_ERROR_INVALID_VALUE;
-  LOCK();
-  struct CUstream_st *s;
-  CUresult r = get_stream(hStream, &s);
-  if (r) RET(r);
-  *flags = s->flags;
-  RET(CUDA_SUCCESS);
-}
-
 static CUresult stream_sync(CUstream hStream, int count);
 
 CUresult cuStreamQuery(CUstream hStream) {
@@ -1213,7 +1114,6 @@ static CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode, struct
   c->graph = graph;
   c->mem[0].s = s;
   c->nmem = 1;
-  c->id = ++g_capture_ids;
   s->cap = c;
   g_caps[g_ncaps++] = c;
   RET(CUDA_SUCCESS);
@@ -1285,46 +1185,6 @@ CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureSta
                    : s->cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                                          : CU_STREAM_CAPTURE_STATUS_ACTIVE;
   RET(CUDA_SUCCESS);
-}
-
-CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
-                                CUgraph *graph_out, const CUgraphNode **dependencies_out,
-                                const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out) {
-  NEED_INIT();
-  if (!captureStatus_out) return CUDA_ERROR_INVALID_VALUE;
-  LOCK();
-  struct CUstream_st *s;
-  CUresult r = get_stream(hStream, &s);
-  if (r) RET(r);
-  if (s->is_legacy && blocking_capture_in(s->ctx, 0)) RET(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
-  *captureStatus_out = !s->cap ? CU_STREAM_CAPTURE_STATUS_NONE
-                       : s->cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
-                                             : CU_STREAM_CAPTURE_STATUS_ACTIVE;
-  if (id_out) *id_out = s->cap ? s->cap->id : 0;
-  if (graph_out) *graph_out = NULL;
-  if (dependencies_out) *dependencies_out = NULL;
-  if (edgeData_out) *edgeData_out = NULL;
-  if (numDependencies_out) *numDependencies_out = 0;
-  RET(CUDA_SUCCESS);
-}
-
-CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
-  NEED_INIT();
-  if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
-  CUstreamCaptureMode old = (CUstreamCaptureMode)t_capmode;
-  t_capmode = *mode;
-  *mode = old;
-  return CUDA_SUCCESS;
-}
-
-CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
-  NEED_INIT();
-  if (!phGraph || flags) return CUDA_ERROR_INVALID_VALUE;
-  struct CUgraph_st *g = calloc(1, sizeof *g);
-  if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
-  g->magic = GRAPH_MAGIC;
-  *phGraph = g;
-  return CUDA_SUCCESS;
 }
 
 CUresult cuGraphDestroy(CUgraph hGraph) {
@@ -1529,16 +1389,6 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
   return alloc_from_pool(dptr, bytesize, pool, hStream);
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-  NEED_INIT();
-  if (g_nopools) return CUDA_ERROR_NOT_SUPPORTED;
-  LOCK();
-  struct CUstream_st *s;
-  CUresult r = get_stream(hStream, &s);
-  if (r) RET(r);
-  RET(alloc_from_pool(dptr, bytesize, default_pool(s->ctx->dev), hStream));
-}
-
 /* Is the free of block a on s ordered after all earlier work on every stream
  * of the block's device that may have touched it (work that touched it, and
  * work whose memory is not known)? Work on other blocks is left out, so that
@@ -1693,19 +1543,6 @@ CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_
   RET(CUDA_SUCCESS);
 }
 
-CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool, CUmemLocation *location) {
-  NEED_INIT();
-  if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
-  LOCK();
-  struct CUmemPoolHandle_st *p;
-  CUresult r = get_pool(memPool, &p);
-  if (r) RET(r);
-  if (location->type != CU_MEM_LOCATION_TYPE_DEVICE || location->id < 0 || location->id >= g_ndev)
-    RET(CUDA_ERROR_INVALID_VALUE);
-  *flags = (CUmemAccess_flags)p->access[location->id];
-  RET(CUDA_SUCCESS);
-}
-
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
   NEED_INIT();
   LOCK();
@@ -1718,92 +1555,36 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
   RET(CUDA_SUCCESS);
 }
 
-CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
-  NEED_INIT();
-  if (!data) return CUDA_ERROR_INVALID_VALUE;
-  LOCK();
-  struct alloc *a = find_containing((uintptr_t)ptr);
-  if (!a || a->in_graph_free) RET(CUDA_ERROR_INVALID_VALUE);
-  switch (attribute) {
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-      if (a->kind != FAKECUDA_POOL) RET(CUDA_ERROR_INVALID_VALUE);
-      *(CUmemoryPool *)data = a->pool;
-      break;
-    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = &g_ctx[a->dev]; break;
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = CU_MEMORYTYPE_DEVICE; break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = ptr; break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a->dev; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = (CUdeviceptr)a->base; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a->size; break;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = 0; break;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = (unsigned long long)a->base; break;
-    default: RET(CUDA_ERROR_INVALID_VALUE);
-  }
-  RET(CUDA_SUCCESS);
-}
-
-/* ---- cuGetProcAddress: what the real runtime (static or shared) uses */
+/* ---- cuGetProcAddress: the entry points the fake runtime (FAKECUDA_RT_PROCADDR=1)
+ * and c_tests/cpu/static_runtime.c ask for, as a real runtime does */
 #define PROC(n, f) {n, (void *)(f)}
 static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuInit", cuInit),
-    PROC("cuDriverGetVersion", cuDriverGetVersion),
-    PROC("cuGetErrorString", cuGetErrorString),
-    PROC("cuGetErrorName", cuGetErrorName),
-    PROC("cuDeviceGet", cuDeviceGet),
     PROC("cuDeviceGetCount", cuDeviceGetCount),
-    PROC("cuDeviceGetName", cuDeviceGetName),
     PROC("cuDeviceGetAttribute", cuDeviceGetAttribute),
-    PROC("cuDeviceTotalMem", cuDeviceTotalMem_v2),
-    PROC("cuDeviceCanAccessPeer", cuDeviceCanAccessPeer),
     PROC("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool),
     PROC("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain),
     PROC("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
     PROC("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2),
-    PROC("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState),
-    PROC("cuCtxGetCurrent", cuCtxGetCurrent),
     PROC("cuCtxSetCurrent", cuCtxSetCurrent),
-    PROC("cuCtxPushCurrent", cuCtxPushCurrent_v2),
-    PROC("cuCtxPopCurrent", cuCtxPopCurrent_v2),
-    PROC("cuCtxGetDevice", cuCtxGetDevice),
-    PROC("cuCtxGetId", cuCtxGetId),
     PROC("cuCtxSynchronize", cuCtxSynchronize),
     PROC("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess),
     PROC("cuCtxDisablePeerAccess", cuCtxDisablePeerAccess),
     PROC("cuStreamCreate", cuStreamCreate),
     PROC("cuStreamCreateWithPriority", cuStreamCreateWithPriority),
     PROC("cuStreamDestroy", cuStreamDestroy_v2),
-    PROC("cuStreamGetCtx", cuStreamGetCtx),
-    PROC("cuStreamGetFlags", cuStreamGetFlags),
     PROC("cuStreamSynchronize", cuStreamSynchronize),
     PROC("cuStreamQuery", cuStreamQuery),
-    PROC("cuStreamWaitEvent", cuStreamWaitEvent),
     PROC("cuStreamBeginCapture", cuStreamBeginCapture_v2),
     PROC("cuStreamBeginCaptureToGraph", cuStreamBeginCaptureToGraph),
     PROC("cuStreamEndCapture", cuStreamEndCapture),
     PROC("cuStreamIsCapturing", cuStreamIsCapturing),
-    PROC("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v3),
-    PROC("cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode),
-    PROC("cuGraphCreate", cuGraphCreate),
     PROC("cuGraphDestroy", cuGraphDestroy),
-    PROC("cuEventCreate", cuEventCreate),
-    PROC("cuEventDestroy", cuEventDestroy_v2),
-    PROC("cuEventRecord", cuEventRecord),
-    PROC("cuEventQuery", cuEventQuery),
-    PROC("cuEventSynchronize", cuEventSynchronize),
     PROC("cuMemAlloc", cuMemAlloc_v2),
     PROC("cuMemFree", cuMemFree_v2),
     PROC("cuMemGetInfo", cuMemGetInfo_v2),
-    PROC("cuMemAllocAsync", cuMemAllocAsync),
     PROC("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync),
     PROC("cuMemFreeAsync", cuMemFreeAsync),
-    PROC("cuMemPoolCreate", cuMemPoolCreate),
-    PROC("cuMemPoolDestroy", cuMemPoolDestroy),
-    PROC("cuMemPoolSetAttribute", cuMemPoolSetAttribute),
-    PROC("cuMemPoolGetAttribute", cuMemPoolGetAttribute),
-    PROC("cuMemPoolSetAccess", cuMemPoolSetAccess),
-    PROC("cuMemPoolGetAccess", cuMemPoolGetAccess),
-    PROC("cuMemPoolTrimTo", cuMemPoolTrimTo),
-    PROC("cuPointerGetAttribute", cuPointerGetAttribute),
     PROC("cuGetProcAddress", cuGetProcAddress_v2),
 };
 

@@ -1,6 +1,6 @@
 /* fake libcudart.so.13 over the fake driver: see fakecuda.h.
  * Real signatures (compiled against the real cuda_runtime_api.h) and the
- * error semantics measured on an H200 with CUDA 13.0 (docs/probe-facts-h200.txt):
+ * error semantics measured on an H200 with CUDA 13.0 (docs/FACTS.md):
  * cudaMalloc(&p, 0) -> success, p == NULL; cudaMalloc(NULL, n) -> invalid
  * value; impossible size -> cudaErrorMemoryAllocation, p == NULL; cudaFree of
  * a host, interior or already freed pointer -> invalid value; cudaFree(NULL)
@@ -28,48 +28,29 @@
   X(cuInit, "cuInit")                                           \
   X(cuDeviceGetCount, "cuDeviceGetCount")                       \
   X(cuDeviceGetAttribute, "cuDeviceGetAttribute")               \
-  X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer")             \
   X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool")     \
   X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")       \
   X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease")  \
   X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset")      \
-  X(cuCtxGetCurrent, "cuCtxGetCurrent")                         \
   X(cuCtxSetCurrent, "cuCtxSetCurrent")                         \
-  X(cuCtxGetDevice, "cuCtxGetDevice")                           \
   X(cuCtxSynchronize, "cuCtxSynchronize")                       \
   X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess")             \
   X(cuCtxDisablePeerAccess, "cuCtxDisablePeerAccess")           \
   X(cuStreamCreate, "cuStreamCreate")                           \
   X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority")   \
   X(cuStreamDestroy_v2, "cuStreamDestroy")                      \
-  X(cuStreamGetFlags, "cuStreamGetFlags")                       \
   X(cuStreamSynchronize, "cuStreamSynchronize")                 \
   X(cuStreamQuery, "cuStreamQuery")                             \
-  X(cuStreamWaitEvent, "cuStreamWaitEvent")                     \
   X(cuStreamBeginCapture_v2, "cuStreamBeginCapture")            \
   X(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph") \
   X(cuStreamEndCapture, "cuStreamEndCapture")                   \
   X(cuStreamIsCapturing, "cuStreamIsCapturing")                 \
-  X(cuStreamGetCaptureInfo_v3, "cuStreamGetCaptureInfo")        \
-  X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode") \
-  X(cuGraphCreate, "cuGraphCreate")                             \
   X(cuGraphDestroy, "cuGraphDestroy")                           \
-  X(cuEventCreate, "cuEventCreate")                             \
-  X(cuEventDestroy_v2, "cuEventDestroy")                        \
-  X(cuEventRecord, "cuEventRecord")                             \
-  X(cuEventQuery, "cuEventQuery")                               \
-  X(cuEventSynchronize, "cuEventSynchronize")                   \
   X(cuMemAlloc_v2, "cuMemAlloc")                                \
   X(cuMemFree_v2, "cuMemFree")                                  \
   X(cuMemGetInfo_v2, "cuMemGetInfo")                            \
   X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")         \
-  X(cuMemFreeAsync, "cuMemFreeAsync")                           \
-  X(cuMemPoolCreate, "cuMemPoolCreate")                         \
-  X(cuMemPoolDestroy, "cuMemPoolDestroy")                       \
-  X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute")             \
-  X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute")             \
-  X(cuMemPoolSetAccess, "cuMemPoolSetAccess")                   \
-  X(cuMemPoolTrimTo, "cuMemPoolTrimTo")
+  X(cuMemFreeAsync, "cuMemFreeAsync")
 
 #define DECL(sym, name) static __typeof__(&sym) d_##sym;
 DRIVER_FUNCS(DECL)
@@ -184,43 +165,37 @@ static cudaError_t rt_ctx(int *dev_out) {
   return cudaSuccess;
 }
 
-static const struct { cudaError_t e; const char *name, *str; } g_errs[] = {
-    {cudaSuccess, "cudaSuccess", "no error"},
-    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
-    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
-    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
-    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version"},
-    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
-    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
-    {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
-    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
-    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
-    {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
-    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
-    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
-    {cudaErrorPeerAccessAlreadyEnabled, "cudaErrorPeerAccessAlreadyEnabled", "peer access is already enabled"},
-    {cudaErrorPeerAccessNotEnabled, "cudaErrorPeerAccessNotEnabled", "peer access has not been enabled"},
-    {cudaErrorContextIsDestroyed, "cudaErrorContextIsDestroyed", "context is destroyed"},
-    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
-    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"},
-    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"},
-    {cudaErrorStreamCaptureMerge, "cudaErrorStreamCaptureMerge", "operation would result in a merge of separate capture sequences"},
-    {cudaErrorStreamCaptureUnmatched, "cudaErrorStreamCaptureUnmatched", "capture was not ended in the same stream as it began"},
-    {cudaErrorStreamCaptureUnjoined, "cudaErrorStreamCaptureUnjoined", "capturing stream has unjoined work"},
-    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit", "operation would make the legacy stream depend on a capturing blocking stream"},
-    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread", "attempt to terminate a thread-local capture sequence from another thread"},
+static const struct { cudaError_t e; const char *str; } g_errs[] = {
+    {cudaSuccess, "no error"},
+    {cudaErrorInvalidValue, "invalid argument"},
+    {cudaErrorMemoryAllocation, "out of memory"},
+    {cudaErrorInitializationError, "initialization error"},
+    {cudaErrorInsufficientDriver, "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "invalid device ordinal"},
+    {cudaErrorDeviceUninitialized, "invalid device context"},
+    {cudaErrorInvalidResourceHandle, "invalid resource handle"},
+    {cudaErrorIllegalState, "the operation cannot be performed in the present state"},
+    {cudaErrorSymbolNotFound, "named symbol not found"},
+    {cudaErrorNotReady, "device not ready"},
+    {cudaErrorIllegalAddress, "an illegal memory access was encountered"},
+    {cudaErrorPeerAccessAlreadyEnabled, "peer access is already enabled"},
+    {cudaErrorPeerAccessNotEnabled, "peer access has not been enabled"},
+    {cudaErrorContextIsDestroyed, "context is destroyed"},
+    {cudaErrorNotSupported, "operation not supported"},
+    {cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureMerge, "operation would result in a merge of separate capture sequences"},
+    {cudaErrorStreamCaptureUnmatched, "capture was not ended in the same stream as it began"},
+    {cudaErrorStreamCaptureUnjoined, "capturing stream has unjoined work"},
+    {cudaErrorStreamCaptureImplicit, "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorStreamCaptureWrongThread, "attempt to terminate a thread-local capture sequence from another thread"},
 };
 
 const char *cudaGetErrorString(cudaError_t error) {
   for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
     if (g_errs[i].e == error) return g_errs[i].str;
   return "unrecognized error code";
-}
-
-const char *cudaGetErrorName(cudaError_t error) {
-  for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
-    if (g_errs[i].e == error) return g_errs[i].name;
-  return "cudaErrorUnknown";
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -230,12 +205,6 @@ cudaError_t cudaGetLastError(void) {
 }
 
 cudaError_t cudaPeekAtLastError(void) { return t_last; }
-
-cudaError_t cudaDriverGetVersion(int *driverVersion) {
-  if (!driverVersion) return seterr(cudaErrorInvalidValue);
-  *driverVersion = 13000;
-  return cudaSuccess;
-}
 
 cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
   if (!runtimeVersion) return seterr(cudaErrorInvalidValue);
@@ -300,12 +269,6 @@ cudaError_t cudaDeviceReset(void) {
   CUresult r = d_cuDevicePrimaryCtxReset_v2(dev);
   pthread_mutex_unlock(&g_mu);
   return rterr(r);
-}
-
-cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice) {
-  cudaError_t e = rt_init();
-  if (e) return seterr(e);
-  return rterr(d_cuDeviceCanAccessPeer(canAccessPeer, device, peerDevice));
 }
 
 cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
@@ -400,20 +363,6 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream) {
-  if (!ptr) return seterr(cudaErrorInvalidValue);
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  CUdeviceptr d = 0;
-  CUresult r = d_cuMemAllocFromPoolAsync(&d, size, (CUmemoryPool)memPool, (CUstream)stream);
-  if (r) {
-    *ptr = NULL;
-    return rterr(r);
-  }
-  *ptr = (void *)d;
-  return cudaSuccess;
-}
-
 cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
   cudaError_t e = rt_ctx(NULL);
   if (e) return seterr(e);
@@ -474,7 +423,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
   return cudaSuccess;
 }
 
-/* ---- streams and events */
+/* ---- streams */
 cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
   if (!pStream) return seterr(cudaErrorInvalidValue);
   cudaError_t e = rt_ctx(NULL);
@@ -502,12 +451,6 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return rterr(d_cuStreamDestroy_v2((CUstream)stream));
 }
 
-cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuStreamGetFlags((CUstream)hStream, flags));
-}
-
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   cudaError_t e = rt_ctx(NULL);
   if (e) return seterr(e);
@@ -518,48 +461,6 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   cudaError_t e = rt_ctx(NULL);
   if (e) return seterr(e);
   return rterr(d_cuStreamQuery((CUstream)stream));
-}
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuStreamWaitEvent((CUstream)stream, (CUevent)event, flags));
-}
-
-cudaError_t cudaEventCreate(cudaEvent_t *event) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuEventCreate((CUevent *)event, 0));
-}
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuEventCreate((CUevent *)event, flags));
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuEventRecord((CUevent)event, (CUstream)stream));
-}
-
-cudaError_t cudaEventQuery(cudaEvent_t event) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuEventQuery((CUevent)event));
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuEventSynchronize((CUevent)event));
-}
-
-cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuEventDestroy_v2((CUevent)event));
 }
 
 /* ---- capture */
@@ -591,75 +492,8 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureSta
   return rterr(d_cuStreamIsCapturing((CUstream)stream, (CUstreamCaptureStatus *)pCaptureStatus));
 }
 
-cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
-                                     unsigned long long *id_out, cudaGraph_t *graph_out,
-                                     const cudaGraphNode_t **dependencies_out, const cudaGraphEdgeData **edgeData_out,
-                                     size_t *numDependencies_out) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuStreamGetCaptureInfo_v3((CUstream)stream, (CUstreamCaptureStatus *)captureStatus_out,
-                                           (cuuint64_t *)id_out, (CUgraph *)graph_out,
-                                           (const CUgraphNode **)dependencies_out,
-                                           (const CUgraphEdgeData **)edgeData_out, numDependencies_out));
-}
-
-cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
-  cudaError_t e = rt_init();
-  if (e) return seterr(e);
-  return rterr(d_cuThreadExchangeStreamCaptureMode((CUstreamCaptureMode *)mode));
-}
-
-cudaError_t cudaGraphCreate(cudaGraph_t *pGraph, unsigned int flags) {
-  cudaError_t e = rt_init();
-  if (e) return seterr(e);
-  return rterr(d_cuGraphCreate((CUgraph *)pGraph, flags));
-}
-
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   cudaError_t e = rt_init();
   if (e) return seterr(e);
   return rterr(d_cuGraphDestroy((CUgraph)graph));
-}
-
-/* ---- pools */
-cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device) {
-  cudaError_t e = rt_init();
-  if (e) return seterr(e);
-  return rterr(d_cuDeviceGetDefaultMemPool((CUmemoryPool *)memPool, device));
-}
-
-cudaError_t cudaMemPoolCreate(cudaMemPool_t *memPool, const struct cudaMemPoolProps *poolProps) {
-  cudaError_t e = rt_ctx(NULL);
-  if (e) return seterr(e);
-  return rterr(d_cuMemPoolCreate((CUmemoryPool *)memPool, (const CUmemPoolProps *)poolProps));
-}
-
-cudaError_t cudaMemPoolDestroy(cudaMemPool_t memPool) {
-  cudaError_t e = rt_init();
-  if (e) return seterr(e);
-  return rterr(d_cuMemPoolDestroy((CUmemoryPool)memPool));
-}
-
-cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value) {
-  cudaError_t e = rt_init();
-  if (e) return seterr(e);
-  return rterr(d_cuMemPoolSetAttribute((CUmemoryPool)memPool, (CUmemPool_attribute)attr, value));
-}
-
-cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value) {
-  cudaError_t e = rt_init();
-  if (e) return seterr(e);
-  return rterr(d_cuMemPoolGetAttribute((CUmemoryPool)memPool, (CUmemPool_attribute)attr, value));
-}
-
-cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool, const struct cudaMemAccessDesc *descList, size_t count) {
-  cudaError_t e = rt_init();
-  if (e) return seterr(e);
-  return rterr(d_cuMemPoolSetAccess((CUmemoryPool)memPool, (const CUmemAccessDesc *)descList, count));
-}
-
-cudaError_t cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t minBytesToKeep) {
-  cudaError_t e = rt_init();
-  if (e) return seterr(e);
-  return rterr(d_cuMemPoolTrimTo((CUmemoryPool)memPool, minBytesToKeep));
 }

@@ -61,7 +61,7 @@
  *   a blocking stream per thread and context.
  * - stream capture: modes, prohibited ("unsafe") calls, implicit legacy-stream
  *   dependencies, forks through events and unjoined forks follow the CUDA
- *   documentation and what was measured on an H200 (docs/probe-facts-h200.txt).
+ *   documentation and what was measured on an H200 (docs/FACTS.md).
  *
  * - freed memory goes to a quarantine before malloc may reuse it, so a freed
  *   address is not handed out again at once.
