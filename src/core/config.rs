@@ -189,7 +189,7 @@ pub static VARIABLES: &[Variable] = &[
         name: "SOMA_REUSE_FOLLOW_EVENT_DEPS",
         kind: Kind::Flag,
         default: "1",
-        doc: "Pool policy cudaMemPoolReuseFollowEventDependencies (safe: see README).",
+        doc: "Pool policy cudaMemPoolReuseFollowEventDependencies (safe: see docs/DESIGN.md).",
         store: store!(reuse_follow_event_deps, Flag),
     },
     Variable {

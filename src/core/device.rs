@@ -32,7 +32,7 @@
 //! wait for, so it is usable at once from every stream. (Measured: a pool
 //! almost never reuses a block freed behind a cross-stream event wait, so
 //! freeing in GPU order would make the pool grow instead; see
-//! docs/probe-reuse-h200.txt.) One done event per free keeps each check to one
+//! docs/FACTS.md, "Reuse across streams".) One done event per free keeps each check to one
 //! driver query (a query costs 0.7 to 2.9 us), and the join stream runs in
 //! order, so a passed entry proves every earlier one passed.
 //!
