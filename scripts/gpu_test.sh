@@ -9,10 +9,13 @@
 # runs), and compare their stdout without the informational '# ' lines. Both
 # runs must exit 0; the '# pooled N' line must say N == 0 natively and N > 0
 # under the shim (so a shim that passes everything through cannot pass), and
-# the shim must have logged no warning or error (the program would see it). Then
+# the shim must have logged no warning or error (the program would see it).
+# own_context (a context of the program's own) must have '# pooled 0' in both
+# runs, and the shim run may take at most 3x the native one + 0.5 s. Then
 # the non-C checks (no-CUDA processes, bad configuration), the race test's
-# teeth (race --wrong-stream and legacy_race --no-stream-wait, natively, must
-# detect corruption), and the suite
+# teeth (race --wrong-stream, also with --streams 256 and --threads 16, and
+# legacy_race --no-stream-wait, natively, must detect corruption), the
+# statistics and trace files of forked children (fork@stats), and the suite
 # again under compute-sanitizer memcheck with the shim preloaded into the
 # target only. The last line is 'N passed, N failed, N skipped'; the exit
 # status is non-zero if any test failed.
@@ -136,13 +139,28 @@ mixed@internal_deps|mixed||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 errors@internal_deps|errors||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 meminfo|meminfo||SOMA_MEMINFO=pool|1|-
 ipc@passthrough_callers|ipc||SOMA_PASSTHROUGH_CALLERS=ipc|1|-
+capture_modes|capture_modes|||1|=
+capture_modes@barrier|capture_modes||SOMA_FREE_ORDER=barrier|1|-
+capture_modes@exit_global|capture_modes|--exit-capturing global|SOMA_STATS=1|1|-
+capture_modes@exit_global_blocking|capture_modes|--exit-capturing global blocking|SOMA_STATS=1|1|-
+capture_modes@exit_thread_local|capture_modes|--exit-capturing thread_local|SOMA_STATS=1|1|-
+capture_modes@exit_relaxed|capture_modes|--exit-capturing relaxed|SOMA_STATS=1|1|-
+own_context|own_context|||1|-
+fork|fork|||1|-
+race@streams256|race|--streams 256||1|-
+race@threads16|race|--threads 16||1|-
+race@streams256#static|race.static|--streams 256||1|-
+race@threads16#static|race.static|--threads 16||1|-
+race@streams256#driver|race.driver|--streams 256||1|-
+race@threads16#driver|race.driver|--threads 16||1|-
 EOF
 )
 # The same programs built with the static runtime (all of them) and as
 # driver-API programs (those whose checks are about allocation and ordering).
-DRIVER_API_TESTS=" streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer "
+# own_context calls no runtime function: its static build is the same program.
+DRIVER_API_TESTS=" streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork "
 while IFS='|' read -r name prog args envs gpus _; do
-  case $name in *@*) continue ;; esac
+  case $name in *@* | own_context) continue ;; esac
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"
   case $DRIVER_API_TESTS in *" $name "*) TESTS+=$'\n'"$name#driver|$prog.driver|$args|$envs|$gpus|-" ;; esac
 done <<<"$TESTS"
@@ -253,7 +271,22 @@ while IFS='|' read -r name prog args envs gpus san; do
   elif [[ $envs == *SOMA_PASSTHROUGH_CALLERS* ]]; then
     # Every allocation comes from the listed program: none may be pooled.
     [ "$sp" = 0 ] || reasons+=("$sp pointers pooled although their caller is listed in SOMA_PASSTHROUGH_CALLERS")
+  elif [ "${prog%%.*}" = own_context ]; then
+    # Memory of a context the program created passes through: none may be pooled.
+    [ "$sp" = 0 ] || reasons+=("$sp pointers pooled in a context the program created (they pass through)")
   elif [ "$sp" = 0 ]; then reasons+=("no cudaMalloc pointer came from a pool under the shim (is it preloaded?)"); fi
+  if [ "${prog%%.*}" = own_context ]; then
+    # The pass-through must cost what the real calls cost (a shim that spent
+    # 243 ms per cuMemAlloc in such a context took 200 x that here).
+    nms=$(sed -n 's/^# total host time \([0-9.][0-9.]*\) ms$/\1/p' "$RUNS/$safe.native.out" | tail -n 1)
+    sms=$(sed -n 's/^# total host time \([0-9.][0-9.]*\) ms$/\1/p' "$RUNS/$safe.shim.out" | tail -n 1)
+    if [ -z "$nms" ] || [ -z "$sms" ]; then
+      reasons+=("no '# total host time' line (native '${nms:-}', shim '${sms:-}')")
+    elif ! awk -v n="$nms" -v s="$sms" 'BEGIN{exit !(s <= 3 * n + 500)}'; then
+      reasons+=("the shim run took $sms ms, native $nms ms (allowed: 3x native + 500 ms)")
+    fi
+    logonly "# $name: total host time native ${nms:-?} ms, shim ${sms:-?} ms"
+  fi
   logonly "===== $name: env [$envs] args [$args] native rc=$nrc shim rc=$src pooled native=${np:-?} shim=${sp:-?} ($secs)"
   logfile "$name native stdout" "$RUNS/$safe.native.out"
   logfile "$name native stderr" "$RUNS/$safe.native.err"
@@ -283,24 +316,30 @@ while IFS='|' read -r name prog args envs gpus san; do
 done <<<"$TESTS"
 
 # ---- the race tests' teeth ----------------------------------------------
-# Each emulates, natively, a shim that orders reuse wrongly, and must detect it.
-for teeth in "race_teeth race --wrong-stream" "legacy_race_teeth legacy_race --no-stream-wait"; do
-  read -r name prog flag <<<"$teeth"
+# Each emulates, natively, a shim that orders reuse wrongly, and must detect it
+# (race with --threads: its thread phase must detect it on its own too).
+for teeth in "race_teeth race --wrong-stream" \
+  "race_teeth@streams256 race --wrong-stream --streams 256" \
+  "race_teeth@threads16 race --wrong-stream --threads 16" \
+  "legacy_race_teeth legacy_race --no-stream-wait"; do
+  read -r name prog flags <<<"$teeth"
   wanted "$name" || continue
   if ! built "$prog"; then
     fail "$name" "$prog did not build"
     continue
   fi
-  run_one "$RUNS/$name.native" "" 0 "$prog" "$flag"
-  n=$(sed -n 's/^# corruptions \([0-9][0-9]*\).*/\1/p' "$RUNS/$name.native.out" | tail -n 1)
+  safe=${name//[@#]/_}
+  # shellcheck disable=SC2086
+  run_one "$RUNS/$safe.native" "" 0 "$prog" $flags
+  n=$(sed -n 's/^# corruptions \([0-9][0-9]*\).*/\1/p' "$RUNS/$safe.native.out" | tail -n 1)
   logonly "===== $name: rc=$RC corruptions=${n:-?}"
-  logfile "$name stdout" "$RUNS/$name.native.out"
-  logfile "$name stderr" "$RUNS/$name.native.err"
+  logfile "$name stdout" "$RUNS/$safe.native.out"
+  logfile "$name stderr" "$RUNS/$safe.native.err"
   if [ "$RC" = 0 ] && [ -n "$n" ] && [ "$n" -gt 0 ]; then
-    pass "$name" "$prog $flag natively detected $n corrupted reads"
+    pass "$name" "$prog $flags natively detected $n corrupted reads"
   else
-    fail "$name" "$prog $flag (a broken shim, emulated) was not detected: exit $RC, corruptions ${n:-?}"
-    tail -n 20 "$RUNS/$name.native.out" "$RUNS/$name.native.err" | sed 's/^/  /' | tee -a "$LOG"
+    fail "$name" "$prog $flags (a broken shim, emulated) was not detected: exit $RC, corruptions ${n:-?}"
+    tail -n 20 "$RUNS/$safe.native.out" "$RUNS/$safe.native.err" | sed 's/^/  /' | tee -a "$LOG"
   fi
 done
 
@@ -397,6 +436,109 @@ if wanted stats_trace; then
     fail stats_trace "streams did not build"
   fi
 fi
+
+# ---- forked children: SOMA_STATS and SOMA_TRACE of each process ---------------
+# fork.cu forks 3 children before any CUDA call (each then uses CUDA) and,
+# later, one that makes no CUDA call and leaves through exit(). The parent
+# keeps the paths as given; a child writes <path>.<pid>. Each trace has one
+# header line (the first) and no row twice (a copy of the parent's buffer).
+TRACE_HEADER='time_us,device,op,size,ptr,in_use,reserved'
+# trace_problem FILE: nothing if FILE is a well-formed trace, else why not.
+trace_problem() {
+  local f=$1 h d
+  h=$(grep -c "^$TRACE_HEADER\$" "$f")
+  if [ "$h" != 1 ] || [ "$(head -n 1 "$f")" != "$TRACE_HEADER" ]; then
+    echo "$(basename "$f"): $h header lines (want exactly one, first)"
+    return
+  fi
+  d=$(sort "$f" | uniq -d | head -n 1)
+  [ -z "$d" ] || echo "$(basename "$f"): a row written twice: $d"
+}
+for prog in fork fork.static; do
+  name=fork@stats
+  [ "$prog" = fork.static ] && name=fork@stats#static
+  wanted "$name" || continue
+  if ! built "$prog"; then
+    fail "$name" "$prog did not build"
+    continue
+  fi
+  safe=${name//[@#]/_}
+  dir=$RUNS/$safe.files
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  SOMA_STATS="$dir/stats.txt" SOMA_TRACE="$dir/trace.csv" LD_PRELOAD="$SHIM" timeout "$T" "$BUILD/$prog" \
+    >"$RUNS/$safe.out" 2>"$RUNS/$safe.err"
+  rc=$?
+  files=$(cd "$dir" && ls | tr '\n' ' ')
+  logonly "===== $name: rc=$rc files: $files"
+  logfile "$name stdout" "$RUNS/$safe.out"
+  logfile "$name stderr" "$RUNS/$safe.err"
+  reasons=()
+  [ "$rc" = 0 ] || reasons+=("exit $rc")
+  if grep -q '^\[\(WARN\|ERROR\)' "$RUNS/$safe.err"; then
+    reasons+=("the shim wrote: $(grep -m 1 '^\[\(WARN\|ERROR\)' "$RUNS/$safe.err" | head -c 200)")
+  fi
+  mapfile -t kids < <(sed -n 's/^# child [0-9][0-9]* pid \([0-9][0-9]*\) cuda$/\1/p' "$RUNS/$safe.out")
+  nocuda=$(sed -n 's/^# child pid \([0-9][0-9]*\) nocuda$/\1/p' "$RUNS/$safe.out" | tail -n 1)
+  [ ${#kids[@]} = 3 ] || reasons+=("the program named ${#kids[@]} CUDA children, not 3")
+  # The parent's files.
+  [ -s "$dir/stats.txt" ] || reasons+=("no parent statistics stats.txt")
+  if [ -f "$dir/trace.csv" ]; then
+    why=$(trace_problem "$dir/trace.csv")
+    [ -z "$why" ] || reasons+=("$why")
+    [ "$(grep -c ',alloc,' "$dir/trace.csv")" -gt 0 ] || reasons+=("trace.csv (the parent's) has no alloc row")
+  else
+    reasons+=("no parent trace trace.csv")
+  fi
+  # One pair per child that used CUDA.
+  missing=0
+  for pid in "${kids[@]}"; do
+    for f in stats.txt trace.csv; do
+      if [ ! -s "$dir/$f.$pid" ]; then
+        missing=1
+        reasons+=("no $f.$pid for the child with pid $pid")
+      fi
+    done
+    if [ -s "$dir/trace.csv.$pid" ]; then
+      why=$(trace_problem "$dir/trace.csv.$pid")
+      [ -z "$why" ] || reasons+=("$why")
+      a=$(grep -c ',alloc,' "$dir/trace.csv.$pid")
+      [ "$a" -ge 100 ] || reasons+=("trace.csv.$pid has $a alloc rows, the child made 100 pooled allocations or more")
+    fi
+  done
+  [ "$missing" = 0 ] || reasons+=("a child process must write its statistics and trace to <path>.<pid> (the parent keeps <path>); files written: ${files:-none}")
+  # The child without CUDA: files are optional, but well-formed.
+  if [ -n "$nocuda" ] && [ -f "$dir/trace.csv.$nocuda" ]; then
+    why=$(trace_problem "$dir/trace.csv.$nocuda")
+    [ -z "$why" ] || reasons+=("(child without CUDA) $why")
+  fi
+  # Nothing else: a file of another name means another naming.
+  for f in "$dir"/*; do
+    [ -e "$f" ] || continue
+    b=$(basename "$f")
+    case $b in
+      stats.txt | trace.csv) continue ;;
+    esac
+    ok=0
+    for pid in "${kids[@]}" $nocuda; do
+      [ "$b" = "stats.txt.$pid" ] || [ "$b" = "trace.csv.$pid" ] && ok=1
+    done
+    [ "$ok" = 1 ] || reasons+=("unexpected file $b (want <path>.<pid> of a child)")
+  done
+  for f in "$dir"/*; do
+    [ -f "$f" ] || continue
+    logonly "----- $name: $(basename "$f") (first 40 lines)"
+    head -n 40 "$f" >>"$LOG"
+  done
+  if [ ${#reasons[@]} -eq 0 ]; then
+    pass "$name" "parent stats.txt and trace.csv, and <path>.<pid> for the ${#kids[@]} CUDA children"
+  else
+    fail "$name" "$(
+      IFS=';'
+      echo "${reasons[*]}"
+    )"
+  fi
+done
 
 # ---- PyTorch under the preload ---------------------------------------------
 PY=${PYTHON:-python3}
