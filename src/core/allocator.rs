@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::config::{Config, StatsOutput};
-use super::device::{AllocFailure, Device, Predecessors};
+use super::device::{AllocFailure, Device, FreePath, Wait};
+use super::pending::Predecessors;
+use super::reclaimer::{Activity, Reclaimer};
 use crate::cuda::gpu::{Context, Gpu, Event, Stream};
 use super::passthrough::Passthrough;
 use super::ptrmap::{Block, Claim, PointerMap};
@@ -37,6 +39,8 @@ pub struct Allocator {
     has_deferred: AtomicBool,
     /// (owner, accessor): `accessor` enabled peer access to `owner`'s memory.
     peer_grants: Mutex<HashSet<(i32, i32)>>,
+    /// Joins queued frees and returns passed ones, off the program's threads.
+    pub reclaimer: Reclaimer,
 }
 
 #[derive(Clone, Default)]
@@ -109,6 +113,7 @@ impl Allocator {
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
             peer_grants: Mutex::new(HashSet::new()),
+            reclaimer: Reclaimer::default(),
         }
     }
 
@@ -134,13 +139,19 @@ impl Allocator {
     pub fn alloc(&self, driver: &impl Gpu, context: Context, size: u64, caller: usize) -> Result<u64, Passthrough> {
         let device = self.device(driver, context)?;
         self.issue_deferred_frees(driver);
-        // Held through the allocation: no capture may begin while it may use the legacy stream.
-        let captures = read(&self.captures);
-        let result = device.alloc(driver, size, captures.is_empty(), self.stats.device(device.ordinal), &self.map);
-        drop(captures);
-        match result {
+        let block = Block { device: device.ordinal, size, caller };
+        if let Some(ptr) = device.take_cached(size) {
+            if !self.map.reissue(ptr, block) {
+                log::warn!("pointer map was stale at {ptr:#x}: a cached block was not pending");
+            }
+            self.stats.device(device.ordinal).cache_hits.fetch_add(1, Ordering::Relaxed);
+            let in_use = self.stats.pooled_alloc(device.ordinal, size);
+            self.observe(driver, &device, Op::Alloc, size, ptr, in_use);
+            return Ok(ptr);
+        }
+        match self.alloc_from_pool(driver, &device, size) {
             Ok(ptr) => {
-                let stale = self.map.insert(ptr, Block { device: device.ordinal, size, caller });
+                let stale = self.map.insert(ptr, block);
                 if let Some(stale) = stale {
                     log::warn!("pointer map was stale at {ptr:#x} ({stale:?})");
                 }
@@ -154,6 +165,85 @@ impl Allocator {
                 Err(Passthrough::PoolError)
             }
         }
+    }
+
+    /// A new block from the pool. Past the pending-free limit, and when the
+    /// pool is out of memory, this thread waits for earlier frees (then
+    /// trims the pool) before it gives up.
+    fn alloc_from_pool(&self, driver: &impl Gpu, device: &Device, size: u64) -> Result<u64, AllocFailure> {
+        // Held through the allocation: no capture may begin while it may use
+        // the legacy stream or join streams.
+        let captures = read(&self.captures);
+        let quiet = captures.is_empty();
+        let counters = self.stats.device(device.ordinal);
+        if quiet && !self.reclaimer.running() {
+            self.reclaim(driver, device, Wait::No); // no thread does it
+        }
+        if quiet && device.over_pending_limit() {
+            counters.pending_waits.fetch_add(1, Ordering::Relaxed);
+            self.reclaim(driver, device, Wait::UnderLimit);
+        }
+        match device.alloc(driver, size, quiet, false) {
+            Err(AllocFailure::OutOfMemory) if quiet => {
+                counters.oom_retries.fetch_add(1, Ordering::Relaxed);
+                self.reclaim(driver, device, Wait::All);
+                match device.alloc(driver, size, quiet, false) {
+                    Err(AllocFailure::OutOfMemory) => device.alloc(driver, size, quiet, true),
+                    other => other,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Joins and returns `device`'s frees, waiting as `wait` allows. The
+    /// device's context must be current and no capture in progress (the
+    /// captures lock held).
+    fn reclaim(&self, driver: &impl Gpu, device: &Device, wait: Wait) -> Activity {
+        let registry = read(&self.streams);
+        let after = registry.predecessors(device.context);
+        let counters = self.stats.device(device.ordinal);
+        if device.reclaim(driver, &after, &self.map, wait, counters) {
+            Activity::Pending
+        } else {
+            Activity::Idle
+        }
+    }
+
+    /// One step of the reclaimer: every device's frees joined and the passed
+    /// ones returned, with no host wait. Nothing while a capture is in
+    /// progress (a join records on the legacy stream and on the program's).
+    fn reclaim_all(&self, driver: &impl Gpu) -> Activity {
+        let captures = read(&self.captures);
+        let devices: Vec<Arc<Device>> = read(&self.devices)
+            .iter()
+            .filter_map(|slot| match slot {
+                DeviceSlot::Pooled(device) => Some(Arc::clone(device)),
+                _ => None,
+            })
+            .collect();
+        let mut activity = Activity::Idle;
+        for device in devices {
+            let (pending, cached) = device.holds_frees();
+            if !pending && !cached {
+                continue;
+            }
+            if !captures.is_empty() {
+                activity = Activity::Pending; // joined once the capture ends
+                continue;
+            }
+            match driver.with_context(device.context, || self.reclaim(driver, &device, Wait::No)) {
+                Ok(Activity::Pending) => activity = Activity::Pending,
+                Ok(Activity::Idle) => {}
+                Err(e) => log::warn!("device {}: cannot make its context current: {e:?}", device.ordinal),
+            }
+        }
+        activity
+    }
+
+    /// Starts the reclaimer thread unless it runs. True if it runs.
+    pub fn start_reclaimer<G: Gpu + Sync>(&'static self, driver: &'static G) -> bool {
+        self.reclaimer.running() || self.reclaimer.start(move || self.reclaim_all(driver))
     }
 
     /// Frees `ptr` if the pool gave it out. During a capture the free is
@@ -207,9 +297,7 @@ impl Allocator {
                 }
                 if real_free() {
                     if let (Some(driver), Some(device)) = (driver, self.known_device(block.device)) {
-                        if !self.capture_in_progress() {
-                            device.program_freed(driver);
-                        }
+                        self.program_freed(driver, &device);
                     }
                 }
                 Freed::Issued { device: block.device }
@@ -219,6 +307,22 @@ impl Allocator {
                 real_free();
                 Freed::NotOurs
             }
+        }
+    }
+
+    /// After the program's own `cudaFreeAsync` of a pool block: the streams
+    /// that may use the block again are ordered after that free.
+    fn program_freed(&self, driver: &impl Gpu, device: &Device) {
+        let captures = read(&self.captures);
+        if !captures.is_empty() {
+            return; // a captured free runs with the graph, after the capture
+        }
+        let ordered = driver.with_context(device.context, || {
+            let registry = read(&self.streams);
+            device.program_freed(driver, &registry.predecessors(device.context))
+        });
+        if let Err(e) = ordered.and_then(|r| r) {
+            log::warn!("device {}: ordering streams after a cudaFreeAsync failed: {e:?}", device.ordinal);
         }
     }
 
@@ -304,16 +408,22 @@ impl Allocator {
             }
             // Held through the free: no stream of the context is made or destroyed meanwhile.
             let registry = read(&self.streams);
-            let after = match registry.streams_of(device.context) {
-                Some(streams) => Predecessors { nonblocking: &streams.nonblocking, tails: &streams.tails },
-                None => Predecessors { nonblocking: &[], tails: &[] },
-            };
-            device.free(driver, ptr, block.size, &after, self.stats.device(device.ordinal), &self.map)
+            device.free(driver, ptr, block.size, &registry.predecessors(device.context), &self.map)
         });
-        if let Err(e) = result.and_then(|r| r) {
+        let counters = self.stats.device(device.ordinal);
+        match result.and_then(|r| r) {
+            Ok(FreePath::Legacy) => counters.legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
+            Ok(FreePath::Barrier) => counters.barrier_frees.fetch_add(1, Ordering::Relaxed),
+            Ok(FreePath::Queued) => {
+                self.reclaimer.wake();
+                counters.queued_frees.fetch_add(1, Ordering::Relaxed)
+            }
             // Without the ordering the block cannot be reused safely: it stays allocated.
-            log::warn!("device {}: free of {ptr:#x} failed, leaking {} bytes: {e:?}", block.device, block.size);
-        }
+            Err(e) => {
+                log::warn!("device {}: free of {ptr:#x} failed, leaking {} bytes: {e:?}", block.device, block.size);
+                0
+            }
+        };
     }
 
     fn issue_deferred_frees(&self, driver: &impl Gpu) {
@@ -603,6 +713,14 @@ impl StreamRegistry {
             }
         };
         &mut self.contexts[index].1
+    }
+
+    /// What a free in `context` must be ordered after, besides the legacy stream.
+    fn predecessors(&self, context: Context) -> Predecessors<'_> {
+        match self.streams_of(context) {
+            Some(streams) => Predecessors { nonblocking: &streams.nonblocking, tails: &streams.tails },
+            None => Predecessors { nonblocking: &[], tails: &[] },
+        }
     }
 
     /// The streams of `context`, if any was registered.

@@ -75,7 +75,7 @@ pub struct Config {
     pub max_bytes: u64,
     pub free_sync: bool,
     pub free_order: FreeOrder,
-    pub pending_free_limit: u64,
+    pub pending_free_limit: Bytes,
     pub stats: StatsOutput,
     pub trace: Option<String>,
     pub meminfo: MemInfo,
@@ -236,10 +236,10 @@ pub static VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "SOMA_PENDING_FREE_LIMIT",
-        kind: Kind::Size { allow_total: false },
-        default: "256MiB",
-        doc: "Bytes freed but not yet passed by the GPU, per device, before cudaMalloc waits for them.",
-        store: store_bytes!(pending_free_limit),
+        kind: Kind::Size { allow_total: true },
+        default: "total",
+        doc: "Bytes freed but not yet passed by the GPU, per device, before cudaMalloc waits for them (total: only when out of memory).",
+        store: store!(pending_free_limit, Size),
     },
     Variable {
         name: "SOMA_STATS",
@@ -327,7 +327,7 @@ impl Config {
             max_bytes: 0,
             free_sync: false,
             free_order: FreeOrder::Join,
-            pending_free_limit: 0,
+            pending_free_limit: Bytes::Exact(0),
             stats: StatsOutput::Off,
             trace: None,
             meminfo: MemInfo::Real,
@@ -430,7 +430,7 @@ mod tests {
         assert_eq!((c.min_bytes, c.max_bytes), (1, u64::MAX));
         assert!(!c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Join);
-        assert_eq!(c.pending_free_limit, 256 << 20);
+        assert_eq!(c.pending_free_limit, Bytes::DeviceTotal);
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
         assert_eq!(c.meminfo, MemInfo::Real);
@@ -498,7 +498,7 @@ mod tests {
         assert_eq!((c.min_bytes, c.max_bytes), (1024, 1 << 30));
         assert!(c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Barrier);
-        assert_eq!(c.pending_free_limit, 1 << 20);
+        assert_eq!(c.pending_free_limit, Bytes::Exact(1 << 20));
         assert_eq!(c.stats, StatsOutput::Stderr);
         assert_eq!(c.trace.as_deref(), Some("/tmp/t.csv"));
         assert_eq!(c.meminfo, MemInfo::Pool);

@@ -17,39 +17,29 @@
 //! legacy stream, and the non-blocking streams are ordered by waits on the
 //! GPU (see `free_on_legacy_stream`). Three driver calls per stream and free.
 //!
-//! *Non-blocking streams too*, `SOMA_FREE_ORDER=join` (the default): a freed
-//! block does not go to the pool at once. The shim records an event on the
-//! legacy stream and on every live non-blocking stream, makes the shim's
-//! *join stream* wait for them (and for
-//! the last work of destroyed streams), records one *done* event there, and
-//! keeps the block in a queue of *pending frees*. Once the host sees an
-//! entry's done event passed, the block goes back to the pool with
-//! `cuMemFreeAsync` on the shim's *pool stream*, which never carries anything
-//! but allocations and such frees.
+//! *Non-blocking streams too*, `SOMA_FREE_ORDER=join` (the default): a free
+//! only queues the block (`pending`); the reclaimer joins queued blocks in
+//! batches and caches them once the GPU has passed them. Allocations take a
+//! cached block of their size, else allocate on the shim's *pool stream*,
+//! which carries nothing but allocations and returns of passed blocks: a
+//! block from it has nothing to wait for, so it is usable at once from every
+//! stream. (Measured: a pool almost never reuses a block freed behind a
+//! cross-stream event wait, so freeing in GPU order would make the pool grow
+//! instead; see docs/FACTS.md, "Reuse across streams".)
 //!
-//! The pool stream is idle, so the pool takes a block back at once and the
-//! next allocation on it reuses it; and an allocation on it has nothing to
-//! wait for, so it is usable at once from every stream. (Measured: a pool
-//! almost never reuses a block freed behind a cross-stream event wait, so
-//! freeing in GPU order would make the pool grow instead; see
-//! docs/FACTS.md, "Reuse across streams".) One done event per free keeps each check to one
-//! driver query (a query costs 0.7 to 2.9 us), and the join stream runs in
-//! order, so a passed entry proves every earlier one passed.
-//!
-//! Pending bytes are bounded by `SOMA_PENDING_FREE_LIMIT`: past it, an
-//! allocation waits on the host for the oldest frees, so the pool stays close
-//! to what is in use.
+//! Pending bytes are bounded by `SOMA_PENDING_FREE_LIMIT` (by default the
+//! device's memory): past it, and when the pool is out of memory, an
+//! allocation waits on the host for the oldest frees.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, MutexGuard};
 
 use super::config::{Config, FreeOrder, PoolChoice};
-use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream};
+use super::pending::{PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::stats::{DeviceCounters, PoolPeaks};
+use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream};
 
 pub struct Device {
     pub ordinal: i32,
@@ -59,9 +49,9 @@ pub struct Device {
     pub context_id: u64,
     pool: Pool,
     owns_pool: bool,
-    /// Allocations, and frees whose work is done; nothing else.
+    /// Allocations, and returns of blocks whose work is done; nothing else.
     pool_stream: Stream,
-    /// Waits for the work before each free; its done events pass in order.
+    /// Waits for the work before each batch of frees; its done events pass in order.
     join_stream: Stream,
     /// No non-blocking stream at the last free: allocations and frees go on
     /// the legacy stream.
@@ -71,42 +61,11 @@ pub struct Device {
     order: FreeOrder,
     internal_deps: bool,
     pending_free_limit: u64,
-    /// Held, on the paths of cudaMalloc and cudaFree, over no driver call but
-    /// the record of a free's done event: threads freeing at once would queue.
-    frees: Mutex<PendingFrees>,
-    /// Held by the one thread returning passed frees to the pool.
-    returner: Mutex<Returner>,
-    /// Bytes in `frees.queue`, changed under its lock and read without it:
-    /// allocations skip the lock while nothing is queued (only blocking
-    /// streams, or `barrier`), and take it without waiting while under the limit.
-    pending_bytes: AtomicU64,
-}
-
-/// Asking whether frees have passed costs a driver call that also flushes
-/// batched launches (measured: 0.7 to 2.9 us, scripts/probe/query_cost.cu).
-/// While little is pending, it is asked at most this often.
-const PROBE_INTERVAL: Duration = Duration::from_micros(20);
-
-/// Frees waiting for the work issued before them, in the order of the frees.
-struct PendingFrees {
-    queue: VecDeque<PendingFree>,
-    /// Done events of returned frees, and the events frees record on the
-    /// streams they wait for. Reusing one is safe: a wait binds to the
-    /// record current at the call.
-    spare_events: Vec<Event>,
-}
-
-/// The thread returning passed frees: only it takes entries off the queue.
-struct Returner {
-    /// When it last asked the driver whether frees had passed.
-    last_probe: Option<Instant>,
-}
-
-struct PendingFree {
-    ptr: u64,
-    size: u64,
-    /// Passed: every stream has finished the work issued before the free.
-    done: Event,
+    /// Frees in join order, and the blocks they become.
+    pending: PendingFrees,
+    /// Scratch events of barrier frees, taken and given back around the
+    /// free (never held over a driver call: threads free at once).
+    barrier_events: Mutex<Vec<Event>>,
 }
 
 /// Why an allocation did not come from the pool.
@@ -116,11 +75,32 @@ pub enum AllocFailure {
     Driver(CuError),
 }
 
-/// The streams a free must wait for, besides the legacy stream.
-pub struct Predecessors<'a> {
-    pub nonblocking: &'a [Stream],
-    /// Last work of destroyed streams that may still run.
-    pub tails: &'a [Event],
+/// How long a reclaim may make its thread wait on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Never (the reclaimer): join, collect what has passed, age the cache.
+    No,
+    /// Until pending bytes are back under the limit.
+    UnderLimit,
+    /// Until every free has passed, and give the cache back to the pool
+    /// (out of memory).
+    All,
+}
+
+/// What a free did, for the statistics and the reclaimer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreePath {
+    Legacy,
+    Barrier,
+    /// Queued for the reclaimer.
+    Queued,
+}
+
+/// A panic while holding a lock of a device leaves at worst a block not
+/// returned to the pool (leaked, never reused unsafely), so a poisoned lock
+/// is usable.
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Device {
@@ -130,8 +110,8 @@ impl Device {
             PoolChoice::Own => (driver.create_pool(ordinal)?, true),
             PoolChoice::Default => (driver.default_pool(ordinal)?, false),
         };
-        let threshold = config.release_threshold.resolve(driver.total_memory(ordinal)?);
-        driver.set_release_threshold(pool, threshold)?;
+        let total = driver.total_memory(ordinal)?;
+        driver.set_release_threshold(pool, config.release_threshold.resolve(total))?;
         driver.set_reuse_policies(
             pool,
             config.reuse_follow_event_deps,
@@ -151,66 +131,45 @@ impl Device {
             legacy_free_mark: driver.create_event()?,
             order: config.free_order,
             internal_deps: config.reuse_internal_deps,
-            pending_free_limit: config.pending_free_limit,
-            frees: Mutex::new(PendingFrees {
-                queue: VecDeque::new(),
-                spare_events: Vec::new(),
-            }),
-            returner: Mutex::new(Returner { last_probe: None }),
-            pending_bytes: AtomicU64::new(0),
+            pending_free_limit: config.pending_free_limit.resolve(total),
+            pending: PendingFrees::default(),
+            barrier_events: Mutex::new(Vec::new()),
         })
     }
 
-    /// A block of `size` bytes, usable at once from every stream.
-    /// The device's context must be current. `legacy_allowed`: no capture is
-    /// in progress (one would make a legacy-stream operation fail), nor can
-    /// one begin before this returns.
-    /// Blocks whose free has passed go back to the pool first (and leave `map`).
-    pub fn alloc(
-        &self,
-        driver: &impl Gpu,
-        size: u64,
-        legacy_allowed: bool,
-        counters: &DeviceCounters,
-        map: &PointerMap,
-    ) -> Result<u64, AllocFailure> {
-        let pending = self.pending_bytes.load(Relaxed);
-        // Under the limit, an allocation that finds the lock taken does not
-        // wait for it: returning passed frees can wait for the next one, and
-        // a thread that sleeps on a lock loses tens of microseconds.
-        let returner = if pending > self.pending_free_limit {
-            Some(locked(&self.returner))
-        } else if pending > 0 {
-            try_locked(&self.returner)
-        } else {
-            None
-        };
-        if let Some(mut returner) = returner {
-            self.return_passed(driver, &mut returner, map);
-            loop {
-                let pending = self.pending_bytes.load(Relaxed);
-                if pending <= self.pending_free_limit {
-                    break;
-                }
-                log::debug!("device {}: {pending} bytes of frees pending, over the limit: waiting", self.ordinal);
-                counters.pending_waits.fetch_add(1, Relaxed);
-                if !self.return_oldest(driver, &mut returner, map) {
-                    break;
-                }
-            }
-        }
+    /// A block of `size` bytes whose earlier work has passed, without a driver call.
+    pub fn take_cached(&self, size: u64) -> Option<u64> {
+        self.pending.take_cached(size)
+    }
+
+    pub fn over_pending_limit(&self) -> bool {
+        self.pending.pending_bytes() > self.pending_free_limit
+    }
+
+    /// A block of `size` bytes from the pool, usable at once from every
+    /// stream. The device's context must be current. `legacy_allowed`: no
+    /// capture is in progress (one would make a legacy-stream operation
+    /// fail), nor can one begin before this returns. `trim`: give the pool's
+    /// unused memory back to the driver first (out of memory).
+    pub fn alloc(&self, driver: &impl Gpu, size: u64, legacy_allowed: bool, trim: bool) -> Result<u64, AllocFailure> {
         let stream = if legacy_allowed && self.on_legacy_stream.load(Relaxed) {
             Stream::LEGACY
         } else {
             self.pool_stream
         };
-        let ptr = match driver.alloc_from_pool(size, self.pool, stream) {
-            Err(e) if e.is_out_of_memory() => {
-                counters.oom_retries.fetch_add(1, Relaxed);
-                self.alloc_after_reclaiming(driver, size, stream, map)?
+        if trim {
+            log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
+            // The pool releases only blocks whose free the GPU has passed.
+            driver.synchronize_stream(stream).map_err(AllocFailure::Driver)?;
+            driver.trim(self.pool).map_err(AllocFailure::Driver)?;
+        }
+        let ptr = driver.alloc_from_pool(size, self.pool, stream).map_err(|e| {
+            if e.is_out_of_memory() {
+                AllocFailure::OutOfMemory
+            } else {
+                AllocFailure::Driver(e)
             }
-            other => other.map_err(AllocFailure::Driver)?,
-        };
+        })?;
         if self.internal_deps && stream == self.pool_stream {
             // The driver may have made the pool stream wait for a block the
             // program freed with cudaFreeAsync; the program's streams do not
@@ -221,31 +180,58 @@ impl Device {
         Ok(ptr)
     }
 
-    /// Out of memory: wait for every pending free, then give cached memory
-    /// back to the driver, retrying after each.
-    fn alloc_after_reclaiming(
-        &self,
-        driver: &impl Gpu,
-        size: u64,
-        stream: Stream,
-        map: &PointerMap,
-    ) -> Result<u64, AllocFailure> {
-        {
-            let mut returner = locked(&self.returner);
-            while self.return_oldest(driver, &mut returner, map) {}
-        }
-        let attempt = || driver.alloc_from_pool(size, self.pool, stream);
-        let result = match attempt() {
-            Err(e) if e.is_out_of_memory() => {
-                log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
-                // The pool releases only blocks whose free the GPU has passed.
-                driver.synchronize_stream(stream).map_err(AllocFailure::Driver)?;
-                driver.trim(self.pool).map_err(AllocFailure::Driver)?;
-                attempt()
-            }
-            other => other,
+    /// Joins queued frees and returns those the GPU has passed, waiting on
+    /// the host as `wait` allows. The device's context must be current, no
+    /// stream may be capturing, and `after` must stay the device's streams
+    /// until this returns. True if frees are still pending after it.
+    pub fn reclaim(&self, driver: &impl Gpu, after: &Predecessors, map: &PointerMap, wait: Wait, counters: &DeviceCounters) -> bool {
+        let reclaiming = match wait {
+            Wait::No => self.pending.try_reclaiming(),
+            Wait::UnderLimit | Wait::All => Some(self.pending.reclaiming()),
         };
-        result.map_err(|e| if e.is_out_of_memory() { AllocFailure::OutOfMemory } else { AllocFailure::Driver(e) })
+        let Some(mut r) = reclaiming else {
+            return self.pending.busy(); // another thread is at it
+        };
+        match self.pending.join(&mut r, driver, self.join_stream, after) {
+            Ok(true) => {
+                counters.joins.fetch_add(1, Relaxed);
+            }
+            Ok(false) => {}
+            Err(e) => log::warn!("device {}: ordering frees after earlier work failed: {e:?}", self.ordinal),
+        }
+        self.pending.collect_passed(&mut r, driver);
+        let to_pool = |ptr| self.return_to_pool(driver, ptr);
+        match wait {
+            Wait::No => self.pending.release_cached(false, map, to_pool),
+            Wait::UnderLimit => {
+                while self.over_pending_limit() && self.wait_oldest(&mut r, driver) {}
+            }
+            Wait::All => {
+                while self.wait_oldest(&mut r, driver) {}
+                self.pending.release_cached(true, map, to_pool);
+            }
+        }
+        self.pending.busy()
+    }
+
+    fn wait_oldest(&self, r: &mut Reclaiming, driver: &impl Gpu) -> bool {
+        self.pending.wait_oldest(r, driver).unwrap_or_else(|e| {
+            log::warn!("device {}: waiting for earlier work failed: {e:?}", self.ordinal);
+            false
+        })
+    }
+
+    /// Frees a block whose work the GPU has passed on the idle pool stream:
+    /// the pool can hand it out again at once.
+    fn return_to_pool(&self, driver: &impl Gpu, ptr: u64) {
+        if let Err(e) = driver.free_async(ptr, self.pool_stream) {
+            log::warn!("device {}: returning a block to the pool failed: {e:?}", self.ordinal);
+        }
+    }
+
+    /// Whether frees wait to be joined or to pass, or blocks sit in the cache.
+    pub fn holds_frees(&self) -> (bool, bool) {
+        (self.pending.busy(), self.pending.cached_bytes() > 0)
     }
 
     /// Returns the block at `ptr` to the pool once all work issued so far on
@@ -253,43 +239,20 @@ impl Device {
     /// stream if `after` names no other stream or the order is a barrier,
     /// else through the queue of pending frees. The device's context must be
     /// current, and `after` must stay the device's streams until this returns.
-    pub fn free(
-        &self,
-        driver: &impl Gpu,
-        ptr: u64,
-        size: u64,
-        after: &Predecessors,
-        counters: &DeviceCounters,
-        map: &PointerMap,
-    ) -> CuResult<()> {
+    pub fn free(&self, driver: &impl Gpu, ptr: u64, size: u64, after: &Predecessors, map: &PointerMap) -> CuResult<FreePath> {
         let only_blocking = after.nonblocking.is_empty() && after.tails.is_empty();
         if only_blocking || self.order == FreeOrder::Barrier {
             if self.switch_streams(true) {
                 log::debug!("device {}: frees go on the legacy stream", self.ordinal);
             }
             self.free_on_legacy_stream(driver, ptr, after, map)?;
-            let path = if only_blocking { &counters.legacy_stream_frees } else { &counters.barrier_frees };
-            path.fetch_add(1, Relaxed);
-            return Ok(());
+            return Ok(if only_blocking { FreePath::Legacy } else { FreePath::Barrier });
         }
         if self.switch_streams(false) {
-            log::debug!("device {}: non-blocking streams: frees join them", self.ordinal);
+            log::debug!("device {}: non-blocking streams: frees are joined in batches", self.ordinal);
         }
-        // Outside the lock: frees of several threads join their streams at once.
-        let streams = std::iter::once(&Stream::LEGACY).chain(after.nonblocking);
-        self.with_spare_event(driver, |scratch| self.join_streams(driver, scratch, streams, after.tails))?;
-        // The done events pass in the order of the queue: recorded and queued
-        // under one lock, held as briefly as that allows (allocations return
-        // passed frees to the pool).
-        let mut frees = locked(&self.frees);
-        let done = frees.take_event(driver)?;
-        if let Err(e) = driver.record(done, self.join_stream) {
-            frees.spare_events.push(done);
-            return Err(e);
-        }
-        frees.queue.push_back(PendingFree { ptr, size, done });
-        self.pending_bytes.fetch_add(size, Relaxed);
-        Ok(())
+        self.pending.queue(ptr, size);
+        Ok(FreePath::Queued)
     }
 
     /// Frees `ptr` on the legacy stream, which orders every blocking stream.
@@ -301,13 +264,16 @@ impl Device {
     /// is for work issued before the free.
     fn free_on_legacy_stream(&self, driver: &impl Gpu, ptr: u64, after: &Predecessors, map: &PointerMap) -> CuResult<()> {
         if !after.nonblocking.is_empty() {
-            self.with_spare_event(driver, |scratch| {
-                for stream in after.nonblocking {
-                    driver.record(scratch, *stream)?;
-                    driver.wait_event(Stream::LEGACY, scratch)?;
-                }
-                Ok(())
-            })?;
+            let scratch = match locked(&self.barrier_events).pop() {
+                Some(event) => event,
+                None => driver.create_event()?,
+            };
+            let waited = after.nonblocking.iter().try_for_each(|stream| {
+                driver.record(scratch, *stream)?;
+                driver.wait_event(Stream::LEGACY, scratch)
+            });
+            locked(&self.barrier_events).push(scratch);
+            waited?;
         }
         for tail in after.tails {
             driver.wait_event(Stream::LEGACY, *tail)?;
@@ -331,13 +297,13 @@ impl Device {
         self.on_legacy_stream.load(Relaxed) != on_legacy && self.on_legacy_stream.swap(on_legacy, Relaxed) != on_legacy
     }
 
-    /// The non-blocking stream `made` is new: from now on frees join it, and
-    /// it must not use a block reused on the legacy stream before the work
-    /// that block was freed after has finished. The host waits for that work
-    /// (the real `cudaFree` did, when the program freed the block), so the
-    /// new stream starts idle, as it would without the shim. While a capture
-    /// forbids host waits on the legacy stream, the new stream waits on the
-    /// GPU instead (legal in every capture mode: `made` is not capturing).
+    /// The non-blocking stream `made` is new: from now on frees are joined,
+    /// and it must not use a block reused on the legacy stream before the
+    /// work that block was freed after has finished. The host waits for that
+    /// work (the real `cudaFree` did, when the program freed the block), so
+    /// the new stream starts idle, as it would without the shim. While a
+    /// capture forbids host waits on the legacy stream, the new stream waits
+    /// on the GPU instead (legal in every capture mode: `made` is not capturing).
     pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, host_may_wait: bool) -> CuResult<()> {
         self.on_legacy_stream.store(false, Relaxed);
         if host_may_wait {
@@ -349,115 +315,16 @@ impl Device {
 
     /// The program freed one of the pool's blocks itself (`cudaFreeAsync`).
     /// On the legacy stream the pool may hand it out again in that stream's
-    /// order, so a non-blocking stream made later must wait for the work
-    /// before that free too: the legacy free mark moves past it.
-    pub fn program_freed(&self, driver: &impl Gpu) {
+    /// order, so every non-blocking stream must wait for the work before that
+    /// free as it waits for the shim's own frees there: the live ones on the
+    /// GPU (`after`), one made later through the legacy free mark. The
+    /// device's context must be current, and no capture in progress.
+    pub fn program_freed(&self, driver: &impl Gpu, after: &Predecessors) -> CuResult<()> {
         if !self.on_legacy_stream.load(Relaxed) {
-            return; // the pool stream reuses it only once the GPU has passed the free
+            return Ok(()); // the pool stream reuses it only once the GPU has passed the free
         }
-        let marked = driver.with_context(self.context, || driver.record(self.legacy_free_mark, Stream::LEGACY));
-        if let Err(e) = marked.and_then(|r| r) {
-            log::warn!("device {}: marking the legacy stream after a cudaFreeAsync failed: {e:?}", self.ordinal);
-        }
-    }
-
-    /// Makes the join stream wait for the work issued so far on `streams`
-    /// and for `tails`, recording `scratch` on each stream in turn.
-    fn join_streams<'a>(
-        &self,
-        driver: &impl Gpu,
-        scratch: Event,
-        streams: impl Iterator<Item = &'a Stream>,
-        tails: &[Event],
-    ) -> CuResult<()> {
-        for stream in streams {
-            driver.record(scratch, *stream)?;
-            driver.wait_event(self.join_stream, scratch)?;
-        }
-        for tail in tails {
-            driver.wait_event(self.join_stream, *tail)?;
-        }
-        Ok(())
-    }
-
-    /// Runs `f` with a spare event of its own. The lock is held only to take
-    /// the event and give it back: a thread that sleeps on a taken lock loses
-    /// tens of microseconds (measured: four threads whose frees held it over
-    /// two driver calls took 42 us per iteration instead of 5,
-    /// scripts/probe/thread_cost.cu).
-    fn with_spare_event<T>(&self, driver: &impl Gpu, f: impl FnOnce(Event) -> CuResult<T>) -> CuResult<T> {
-        let event = locked(&self.frees).take_event(driver)?;
-        let result = f(event);
-        locked(&self.frees).spare_events.push(event);
-        result
-    }
-
-    /// Returns to the pool every pending free, from the oldest, whose work is done.
-    ///
-    /// The done events are recorded on the join stream in queue order (under
-    /// the lock), and the stream runs in order: once the newest has passed, so
-    /// has every earlier one. So the newest is asked first. The driver is
-    /// asked without the queue's lock, so frees go on meanwhile.
-    fn return_passed(&self, driver: &impl Gpu, returner: &mut Returner, map: &PointerMap) {
-        let Some((newest, count)) = self.newest_pending() else {
-            return;
-        };
-        let now = Instant::now();
-        let little_pending = self.pending_bytes.load(Relaxed) < self.pending_free_limit / 4;
-        if little_pending && returner.last_probe.is_some_and(|at| now.duration_since(at) < PROBE_INTERVAL) {
-            return;
-        }
-        returner.last_probe = Some(now);
-        if driver.has_passed(newest) {
-            for _ in 0..count {
-                self.give_back_oldest(driver, map);
-            }
-            return;
-        }
-        while let Some(oldest) = self.oldest_pending() {
-            if !driver.has_passed(oldest) {
-                break;
-            }
-            self.give_back_oldest(driver, map);
-        }
-    }
-
-    /// Waits on the host for the oldest pending free's work, then returns it
-    /// to the pool. False if nothing was pending.
-    fn return_oldest(&self, driver: &impl Gpu, _returner: &mut Returner, map: &PointerMap) -> bool {
-        let Some(oldest) = self.oldest_pending() else {
-            return false;
-        };
-        if let Err(e) = driver.wait_for(oldest) {
-            log::warn!("device {}: waiting for earlier work failed: {e:?}", self.ordinal);
-        }
-        self.give_back_oldest(driver, map);
-        true
-    }
-
-    /// The newest pending free's done event, and how many frees are pending.
-    fn newest_pending(&self) -> Option<(Event, usize)> {
-        let frees = locked(&self.frees);
-        frees.queue.back().map(|newest| (newest.done, frees.queue.len()))
-    }
-
-    fn oldest_pending(&self) -> Option<Event> {
-        locked(&self.frees).queue.front().map(|oldest| oldest.done)
-    }
-
-    /// Frees the oldest pending entry's block on the idle pool stream: the
-    /// pool can hand it out again at once. The caller holds the returner (only
-    /// it takes entries off the queue) and has seen the entry pass.
-    fn give_back_oldest(&self, driver: &impl Gpu, map: &PointerMap) {
-        let Some(passed) = locked(&self.frees).queue.pop_front() else {
-            return;
-        };
-        self.pending_bytes.fetch_sub(passed.size, Relaxed);
-        map.returned(passed.ptr);
-        if let Err(e) = driver.free_async(passed.ptr, self.pool_stream) {
-            log::warn!("device {}: returning {} bytes to the pool failed: {e:?}", self.ordinal, passed.size);
-        }
-        locked(&self.frees).spare_events.push(passed.done);
+        driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+        after.nonblocking.iter().try_for_each(|stream| driver.wait_event(*stream, self.legacy_free_mark))
     }
 
     /// Bytes the pool holds now, used or not.
@@ -473,17 +340,12 @@ impl Device {
         })
     }
 
-    /// Bytes the pool holds and could hand out now.
-    fn idle_bytes_in_pool(&self, driver: &impl Gpu) -> u64 {
+    /// Bytes the pool holds that the program does not: unused in the pool,
+    /// freed by the program and not yet passed, or cached.
+    pub fn idle_bytes(&self, driver: &impl Gpu) -> u64 {
         let reserved = driver.pool_bytes(self.pool, PoolCounter::ReservedNow).unwrap_or(0);
         let used = driver.pool_bytes(self.pool, PoolCounter::UsedNow).unwrap_or(reserved);
-        reserved.saturating_sub(used)
-    }
-
-    /// Bytes the pool holds that the program does not: cached in the pool,
-    /// or freed by the program and waiting to go back to it.
-    pub fn idle_bytes(&self, driver: &impl Gpu) -> u64 {
-        self.idle_bytes_in_pool(driver) + self.pending_bytes.load(Relaxed)
+        reserved.saturating_sub(used) + self.pending.pending_bytes() + self.pending.cached_bytes()
     }
 
     /// Lets device `accessor` reach every block of this pool, or stops it.
@@ -492,19 +354,18 @@ impl Device {
     }
 
     /// Before a reset: every block still allocated (`live`, never freed, and
-    /// the pending ones) goes back to the pool, so that the pool is really
-    /// released and old pointers are invalid, as after a real reset; then
-    /// everything the shim created is destroyed. The device's context must be
-    /// current. Errors are ignored: the reset destroys it all anyway.
+    /// the pending and cached ones) goes back to the pool, so that the pool
+    /// is really released and old pointers are invalid, as after a real
+    /// reset; then everything the shim created is destroyed. The device's
+    /// context must be current. Errors are ignored: the reset destroys it all anyway.
     pub fn destroy(&self, driver: &impl Gpu, live: &[u64]) {
-        let frees = locked(&self.frees);
-        let pending = frees.queue.iter().map(|f| f.ptr);
-        for ptr in live.iter().copied().chain(pending) {
-            let _ = driver.free_async(ptr, self.pool_stream);
+        let (held, events) = self.pending.close();
+        for ptr in live.iter().chain(&held) {
+            let _ = driver.free_async(*ptr, self.pool_stream);
         }
         let _ = driver.synchronize_stream(self.pool_stream);
-        let queued = frees.queue.iter().map(|f| &f.done);
-        for &event in queued.chain(frees.spare_events.iter()).chain([&self.legacy_free_mark]) {
+        let barrier_events = std::mem::take(&mut *locked(&self.barrier_events));
+        for event in events.into_iter().chain(barrier_events).chain([self.legacy_free_mark]) {
             let _ = driver.destroy_event(event);
         }
         let _ = driver.destroy_stream(self.pool_stream);
@@ -516,43 +377,16 @@ impl Device {
 
     /// After a reset the shim did not see (its streams and events died with
     /// the context; the pool, a device object, did not): frees every block
-    /// still allocated (`live`, and the pending ones) without a stream and
+    /// still allocated (`live`, and the held ones) without a stream and
     /// destroys the pool, so old pointers are invalid as after a real reset.
     pub fn abandon(&self, driver: &impl Gpu, live: &[u64]) {
+        let (held, _dead_events) = self.pending.close();
         if !self.owns_pool {
             return; // the device's default pool is reset with the device
         }
-        let frees = locked(&self.frees);
-        let pending = frees.queue.iter().map(|f| f.ptr);
-        for ptr in live.iter().copied().chain(pending) {
-            let _ = driver.free_now(ptr);
+        for ptr in live.iter().chain(&held) {
+            let _ = driver.free_now(*ptr);
         }
         let _ = driver.destroy_pool(self.pool);
-    }
-
-}
-
-/// A panic while holding a lock of a device leaves at worst a block not
-/// returned to the pool (leaked, never reused unsafely), so a poisoned lock
-/// is usable.
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// The lock if no other thread holds it (poisoned or not, as `locked`).
-fn try_locked<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match mutex.try_lock() {
-        Ok(guard) => Some(guard),
-        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    }
-}
-
-impl PendingFrees {
-    fn take_event(&mut self, driver: &impl Gpu) -> CuResult<Event> {
-        match self.spare_events.pop() {
-            Some(event) => Ok(event),
-            None => driver.create_event(),
-        }
     }
 }

@@ -11,6 +11,8 @@ mod model;
 #[cfg(test)]
 mod model_tests;
 pub mod passthrough;
+pub mod pending;
 pub mod ptrmap;
+pub mod reclaimer;
 pub mod stats;
 pub mod trace;

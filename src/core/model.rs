@@ -276,8 +276,18 @@ impl SimGpu {
         self.state().violations.clone()
     }
 
-    pub fn calls(&self, name: &str) -> u64 {
-        self.state().calls.get(name).copied().unwrap_or(0)
+    /// Driver calls the shim has made so far, but for the questions about
+    /// the current context (a thread-local read in the driver).
+    pub fn work_calls(&self) -> u64 {
+        let s = self.state();
+        let context_questions = ["current_context", "current_device", "context_id"];
+        s.calls.iter().filter(|(name, _)| !context_questions.contains(name)).map(|(_, n)| n).sum()
+    }
+
+    /// Whether program work issued before the free of `touch` is unfinished.
+    pub fn work_before_free_unfinished(&self, touch: Touch) -> bool {
+        let s = self.state();
+        s.before_reuse.get(&(touch.ptr, touch.generation)).is_some_and(|ops| ops.iter().any(|&op| !s.ops[op].done))
     }
 
     fn note(&self, name: &'static str) -> MutexGuard<'_, State> {
@@ -419,26 +429,31 @@ impl State {
 
 impl Gpu for SimGpu {
     fn current_context(&self) -> CuResult<Option<Context>> {
+        drop(self.note("current_context"));
         Ok(Some(CONTEXT))
     }
 
     fn current_device(&self) -> CuResult<i32> {
+        drop(self.note("current_device"));
         Ok(DEVICE)
     }
 
     fn context_id(&self, _ctx: Context) -> CuResult<u64> {
-        Ok(self.state().context_id)
+        Ok(self.note("context_id").context_id)
     }
 
     fn active_primary_context(&self, _device: i32) -> CuResult<Option<Context>> {
+        drop(self.note("active_primary_context"));
         Ok(Some(CONTEXT))
     }
 
     fn push_context(&self, _ctx: Context) -> CuResult<()> {
+        drop(self.note("push_context"));
         Ok(())
     }
 
     fn pop_context(&self) -> CuResult<()> {
+        drop(self.note("pop_context"));
         Ok(())
     }
 
@@ -454,11 +469,12 @@ impl Gpu for SimGpu {
     }
 
     fn supports_pools(&self, _device: i32) -> CuResult<bool> {
+        drop(self.note("supports_pools"));
         Ok(true)
     }
 
     fn total_memory(&self, _device: i32) -> CuResult<u64> {
-        Ok(self.state().capacity)
+        Ok(self.note("total_memory").capacity)
     }
 
     fn create_nonblocking_stream(&self) -> CuResult<Stream> {
@@ -484,6 +500,7 @@ impl Gpu for SimGpu {
     }
 
     fn stream_context(&self, _stream: Stream) -> CuResult<Context> {
+        drop(self.note("stream_context"));
         Ok(CONTEXT)
     }
 
@@ -563,11 +580,12 @@ impl Gpu for SimGpu {
     }
 
     fn set_release_threshold(&self, _pool: Pool, _bytes: u64) -> CuResult<()> {
+        drop(self.note("set_release_threshold"));
         Ok(())
     }
 
     fn set_reuse_policies(&self, pool: Pool, follow: bool, opportunistic: bool, internal: bool) -> CuResult<()> {
-        let mut s = self.state();
+        let mut s = self.note("set_reuse_policies");
         if internal {
             s.violations.misuse.push("internal dependencies are not modelled".into());
         }
@@ -579,7 +597,7 @@ impl Gpu for SimGpu {
     }
 
     fn pool_bytes(&self, pool: Pool, counter: PoolCounter) -> CuResult<u64> {
-        let s = self.state();
+        let s = self.note("pool_bytes");
         let p = s.pools.get(&(pool.0 as usize)).ok_or(INVALID_VALUE)?;
         Ok(match counter {
             PoolCounter::ReservedNow => p.reserved,
@@ -590,6 +608,7 @@ impl Gpu for SimGpu {
     }
 
     fn set_peer_access(&self, _pool: Pool, _accessor: i32, _allowed: bool) -> CuResult<()> {
+        drop(self.note("set_peer_access"));
         Ok(())
     }
 

@@ -89,7 +89,7 @@ impl Shim for Allocator {
     }
 
     fn pending_bound(&self) -> u64 {
-        self.config.pending_free_limit
+        self.config.pending_free_limit.resolve(CAPACITY)
     }
 }
 
@@ -172,8 +172,8 @@ struct Program<'a, S: Shim> {
     shim: &'a S,
     streams: Vec<(Stream, bool)>,
     blocks: Vec<LiveBlock>,
-    /// Blocks the shim took back with `cudaFree` (pending until the pool has them).
-    freed: HashMap<u64, u64>,
+    /// Blocks the shim took back with `cudaFree`, by address: size and allocation number.
+    freed: HashMap<u64, (u64, u64)>,
     capture: Option<(Stream, CaptureMode)>,
     next_real_address: u64,
 }
@@ -215,7 +215,10 @@ impl<'a, S: Shim> Program<'a, S> {
                 self.blocks.push(LiveBlock { touch, size, pooled, used_on: HashSet::new() });
                 if pooled {
                     self.freed.remove(&ptr); // handed out again, so no longer pending
-                    self.check_pending_bound()?;
+                    // The pool grows (a new address) only while pending frees are within the bound.
+                    if touch.generation == 1 {
+                        self.check_pending_bound()?;
+                    }
                 }
             }
             Action::Launch { block, stream } => {
@@ -246,7 +249,7 @@ impl<'a, S: Shim> Program<'a, S> {
                 }
                 let block = self.blocks.swap_remove(index);
                 self.gpu.program_freed(block.touch);
-                self.freed.insert(block.touch.ptr, block.size);
+                self.freed.insert(block.touch.ptr, (block.size, block.touch.generation));
                 self.shim.free(self.gpu, block.touch.ptr);
             }
             Action::FreeAsync => {
@@ -328,11 +331,17 @@ impl<'a, S: Shim> Program<'a, S> {
         Ok(())
     }
 
-    /// Bytes the program freed that the pool has not yet taken back.
+    /// Bytes the program freed, still held by the shim, whose earlier work
+    /// has not finished (so not reusable yet).
     fn check_pending_bound(&mut self) -> Result<(), String> {
         let gpu = self.gpu;
         self.freed.retain(|&ptr, _| gpu.is_allocated(ptr));
-        let pending: u64 = self.freed.values().sum();
+        let pending: u64 = self
+            .freed
+            .iter()
+            .filter(|&(&ptr, &(_, generation))| gpu.work_before_free_unfinished(Touch { ptr, generation }))
+            .map(|(_, &(size, _))| size)
+            .sum();
         let bound = self.shim.pending_bound();
         if pending > bound {
             return Err(format!("{pending} bytes of frees pending after an allocation, over the bound of {bound}"));
@@ -446,15 +455,18 @@ fn the_naive_shim_fails_the_basic_race_and_ours_passes() {
 }
 
 /// Many host threads, each with a non-blocking stream of its own, allocate
-/// and free at once while the GPU runs in the background.
+/// and free at once while the GPU runs in the background, and the reclaimer
+/// thread joins and returns their frees.
 #[test]
 fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
     for (seed, settings) in [(1, &[][..]), (2, &[("SOMA_FREE_ORDER", "barrier")][..]), (3, &[][..])] {
-        let gpu = Arc::new(SimGpu::new(seed, 1 << 30));
-        let shim = Arc::new(allocator(settings));
+        // The reclaimer thread borrows both for the life of the process.
+        let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(seed, 1 << 30)));
+        let shim: &'static Allocator = Box::leak(Box::new(allocator(settings)));
+        assert!(shim.start_reclaimer(gpu));
         let stop = Arc::new(AtomicBool::new(false));
         let background = {
-            let (gpu, stop) = (Arc::clone(&gpu), Arc::clone(&stop));
+            let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     gpu.progress(3);
@@ -464,16 +476,15 @@ fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
         };
         let threads: Vec<_> = (0..8)
             .map(|t| {
-                let (gpu, shim) = (Arc::clone(&gpu), Arc::clone(&shim));
                 std::thread::spawn(move || -> u64 {
                     let own = gpu.program_stream(t % 4 != 0);
                     if t % 4 != 0 {
-                        Shim::stream_created(&*shim, &gpu, own);
+                        Shim::stream_created(shim, gpu, own);
                     }
                     let mut pooled = 0;
                     for i in 0..150u64 {
                         let size = (1 + (i + t) % 3) * MIB;
-                        let Some(ptr) = Shim::malloc(&*shim, &gpu, size) else {
+                        let Some(ptr) = Shim::malloc(shim, gpu, size) else {
                             continue; // the real allocator served it: nothing to check
                         };
                         pooled += 1;
@@ -481,18 +492,83 @@ fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
                         let stream = if i % 3 == 0 { Stream::LEGACY } else { own };
                         gpu.launch(stream, touch);
                         gpu.program_freed(touch);
-                        Shim::free(&*shim, &gpu, ptr);
+                        Shim::free(shim, gpu, ptr);
                     }
                     pooled
                 })
             })
             .collect();
         let pooled: u64 = threads.into_iter().map(|t| t.join().expect("a program thread")).sum();
-        assert!(pooled > 8 * 150 / 2, "{settings:?}: the pool served only {pooled} of 1200 allocations");
+        shim.reclaimer.stop();
         stop.store(true, Ordering::Relaxed);
         background.join().expect("the GPU thread");
         gpu.drain();
+        assert!(pooled > 8 * 150 / 2, "{settings:?}: the pool served only {pooled} of 1200 allocations");
         let v = gpu.violations();
         assert!(v.is_empty(), "{settings:?}: {v:#?}");
     }
+}
+
+/// With non-blocking streams, a free costs the program's thread no driver
+/// call that reaches a stream, an event or the pool (only the current
+/// context is asked for), however many streams there are; a block whose
+/// work has passed is handed out again the same way.
+#[test]
+fn frees_cost_no_driver_call_and_passed_blocks_come_back_without_one() {
+    let mut calls_per_free = Vec::new();
+    for streams in [1, 8, 256] {
+        let gpu = SimGpu::new(5, CAPACITY);
+        let shim = allocator(&[]);
+        for _ in 0..streams {
+            let stream = gpu.program_stream(true);
+            Shim::stream_created(&shim, &gpu, stream);
+        }
+        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        gpu.launch(Stream::LEGACY, Touch { ptr, generation: gpu.next_generation(ptr) });
+        let before = gpu.work_calls();
+        Shim::free(&shim, &gpu, ptr);
+        calls_per_free.push(gpu.work_calls() - before);
+
+        gpu.drain();
+        // Any allocation reclaims when no thread does: the block is joined, and passes once the GPU runs.
+        let other = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
+        gpu.drain();
+        let other2 = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
+        let before = (gpu.work_calls(), shim.stats.device(0).cache_hits.load(Ordering::Relaxed));
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        assert_eq!(again, ptr, "{streams} streams: the passed block of that size is reused");
+        assert_eq!(gpu.work_calls(), before.0, "{streams} streams: a passed block came back with a driver call");
+        assert_eq!(shim.stats.device(0).cache_hits.load(Ordering::Relaxed), before.1 + 1);
+        for p in [other, other2, again] {
+            Shim::free(&shim, &gpu, p);
+        }
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "{:?}", gpu.violations());
+    }
+    assert_eq!(calls_per_free, [0, 0, 0], "driver calls in a free with 1, 8 and 256 streams");
+}
+
+/// The program's thread waits for frees only past the pending limit, and
+/// memory held stays within it.
+#[test]
+fn past_the_pending_limit_an_allocation_waits_and_below_it_none_does() {
+    let gpu = SimGpu::new(9, CAPACITY);
+    let shim = allocator(&[("SOMA_PENDING_FREE_LIMIT", "4MiB")]);
+    let stream = gpu.program_stream(true);
+    Shim::stream_created(&shim, &gpu, stream);
+    for i in 0..20 {
+        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
+        gpu.launch(stream, touch); // never run until a wait forces it
+        gpu.program_freed(touch);
+        Shim::free(&shim, &gpu, ptr);
+        let waits = shim.stats.device(0).pending_waits.load(Ordering::Relaxed);
+        if i <= 4 {
+            assert_eq!(waits, 0, "a wait with {i} MiB pending, under the limit");
+        }
+    }
+    // A wait covers every free joined with the one over the limit.
+    let waits = shim.stats.device(0).pending_waits.load(Ordering::Relaxed);
+    assert!((1..=4).contains(&waits), "{waits} waits for 20 frees of 1 MiB over a 4 MiB limit");
+    assert!(gpu.violations().is_empty(), "{:?}", gpu.violations());
 }

@@ -2,11 +2,12 @@
 //!
 //! A pointer enters the map when the pool gives it out. The program's free
 //! marks it *pending*: the block is still allocated in the pool until the
-//! work issued before the free has finished, so a second free of it must be
-//! refused here (the real free would release it). It leaves the map when it
-//! goes back to the pool, when the program frees it with `cudaFreeAsync`, or
-//! when its device is reset. Anything not in the map belongs to the real
-//! allocator.
+//! work issued before the free has finished (and while the shim keeps it for
+//! reuse), so a second free of it must be refused here (the real free would
+//! release it). It is live again when the shim hands it out again, and leaves
+//! the map when it goes back to the pool, when the program frees it with
+//! `cudaFreeAsync`, or when its device is reset. Anything not in the map
+//! belongs to the real allocator.
 
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -70,6 +71,13 @@ impl PointerMap {
     /// means the map went stale; the new block wins and the old one is returned.
     pub fn insert(&self, ptr: u64, block: Block) -> Option<Block> {
         self.slots.insert(ptr, Slot { block, pending: false }).map(|old| old.block)
+    }
+
+    /// A pending block is handed out again (from the cache of passed frees).
+    /// False if `ptr` was not pending: the map was stale, and now has `block`.
+    pub fn reissue(&self, ptr: u64, block: Block) -> bool {
+        let old = self.slots.insert(ptr, Slot { block, pending: false });
+        old.is_some_and(|slot| slot.pending)
     }
 
     /// `cudaFree`: a live block becomes pending until it is back in the pool.
@@ -152,6 +160,17 @@ mod tests {
         map.returned(0x1000);
         assert_eq!(map.claim_for_free(0x1000), Claim::Unknown, "back in the pool: the real free decides");
         assert_eq!(map.len(), 0);
+    }
+
+    #[test]
+    fn a_pending_block_can_be_handed_out_again_and_a_live_one_cannot() {
+        let map = PointerMap::default();
+        map.insert(0x1000, B);
+        assert_eq!(map.claim_for_free(0x1000), Claim::Live(B));
+        assert!(map.reissue(0x1000, B), "pending: handed out again");
+        assert!(map.is_live(0x1000));
+        assert!(!map.reissue(0x1000, B), "live: the map was stale");
+        assert!(!map.reissue(0x2000, B), "unknown: the map was stale");
     }
 
     #[test]

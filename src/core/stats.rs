@@ -19,6 +19,12 @@ pub struct DeviceCounters {
     pub legacy_stream_frees: AtomicU64,
     /// Frees on the legacy stream with non-blocking streams ordered by waits.
     pub barrier_frees: AtomicU64,
+    /// Frees queued for a batched join (non-blocking streams, join order).
+    pub queued_frees: AtomicU64,
+    /// Joins, each covering every free queued before it.
+    pub joins: AtomicU64,
+    /// Allocations served from blocks whose work had passed, with no driver call.
+    pub cache_hits: AtomicU64,
     pub in_use: AtomicU64,
     pub peak_in_use: AtomicU64,
     /// Times an allocation waited on the host for pending frees
@@ -154,6 +160,9 @@ impl Stats {
             }
             count(&mut out, "frees on the legacy stream", d.legacy_stream_frees.load(Relaxed));
             count(&mut out, "frees as barriers", d.barrier_frees.load(Relaxed));
+            count(&mut out, "frees joined in batches", d.queued_frees.load(Relaxed));
+            count(&mut out, "joins", d.joins.load(Relaxed));
+            count(&mut out, "allocations from passed frees", d.cache_hits.load(Relaxed));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));

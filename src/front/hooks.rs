@@ -55,22 +55,50 @@ fn callers() -> &'static CallerFilter {
     CALLERS.get_or_init(CallerFilter::default)
 }
 
-/// Arranges the `SOMA_STATS` table for exit, once. Called after a CUDA call
-/// has initialised the runtime, so that the report runs before the runtime's
-/// own exit handler (they run in reverse order).
-fn report_at_exit(allocator: &Allocator) {
-    static REGISTER: Once = Once::new();
-    if allocator.reporting() {
-        // SAFETY: at_exit is a plain extern "C" fn with no arguments.
-        REGISTER.call_once(|| unsafe {
-            libc::atexit(at_exit);
-        });
-    }
+/// Arms the process's exit and fork handlers, once. Called after a CUDA
+/// call has initialised the runtime, so that the exit handler runs before
+/// the runtime's own (they run in reverse order): the reclaimer thread stops
+/// while the driver still works, then the `SOMA_STATS` table is written.
+fn arm_process_handlers() {
+    static ARMED: Once = Once::new();
+    // SAFETY: the handlers are plain extern "C" fns with no arguments.
+    ARMED.call_once(|| unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child));
+    });
 }
 
 extern "C" fn at_exit() {
     // A panic here must not unwind into libc's exit.
-    let _ = std::panic::catch_unwind(|| allocator().report(driver::loaded()));
+    let _ = std::panic::catch_unwind(|| {
+        let allocator = allocator();
+        allocator.reclaimer.stop();
+        if allocator.reporting() {
+            allocator.report(driver::loaded());
+        }
+    });
+}
+
+thread_local! {
+    /// The reclaimer's step lock, held by the forking thread across `fork`.
+    static FORK_GUARD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, ()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Before `fork`: no reclaimer step may be under way, so that the child
+/// inherits no lock held by a thread it will not have.
+extern "C" fn before_fork() {
+    let guard = allocator().reclaimer.before_fork();
+    let _ = FORK_GUARD.try_with(|slot| *slot.borrow_mut() = Some(guard));
+}
+
+extern "C" fn after_fork_in_parent() {
+    let _ = FORK_GUARD.try_with(|slot| slot.borrow_mut().take());
+}
+
+extern "C" fn after_fork_in_child() {
+    let _ = FORK_GUARD.try_with(|slot| slot.borrow_mut().take());
+    allocator().reclaimer.forked_child();
 }
 
 /// `cudaStreamNonBlocking` and `CU_STREAM_NON_BLOCKING`.
@@ -93,14 +121,16 @@ pub unsafe fn malloc(
         Ok(ptr) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
             unsafe { *out = ptr };
-            report_at_exit(allocator);
+            arm_process_handlers();
             SUCCESS
         }
         Err(reason) => {
             log::trace!("allocation of {size} bytes passed through: {reason:?}");
             allocator.stats.passed_through(reason, size as u64);
             let rc = real();
-            report_at_exit(allocator);
+            if rc == SUCCESS {
+                arm_process_handlers();
+            }
             if reason == Passthrough::PoolOutOfMemory && rc == SUCCESS {
                 let device = driver::loaded().and_then(|d| d.current_device().ok()).unwrap_or(0);
                 allocator.stats.device(device).oom_fallbacks.fetch_add(1, Relaxed);
@@ -196,6 +226,9 @@ pub fn free(
     }
     match allocator.free(driver, ptr) {
         Freed::Issued { device } => {
+            if allocator.reclaimer.wanted() {
+                allocator.start_reclaimer(driver);
+            }
             if allocator.config.free_sync {
                 allocator.synchronize_device(driver, device);
             }

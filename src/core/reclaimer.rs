@@ -1,0 +1,132 @@
+//! The shim's one thread: joins queued frees and returns passed ones, off
+//! the program's threads (see `pending`).
+//!
+//! It runs a step, then sleeps: briefly while frees wait for the GPU, long
+//! while nothing does. A free wakes it only when it sleeps long, so the
+//! program's hot path costs an atomic load. Each step holds `step`, so a
+//! fork can wait for the step to end (`before_fork`): the child then gets no
+//! lock of the shim's held by a thread it does not have. At exit, `stop`
+//! ends the thread before the CUDA runtime tears itself down.
+
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// How long the thread sleeps while frees wait for the GPU.
+const POLL: Duration = Duration::from_micros(50);
+/// How long it sleeps when nothing waits (blocks in the cache still age).
+const IDLE: Duration = Duration::from_millis(50);
+
+/// What a step left behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activity {
+    /// Frees still wait to be joined or to pass.
+    Pending,
+    /// Nothing waits.
+    Idle,
+}
+
+#[derive(Default)]
+pub struct Reclaimer {
+    thread: Mutex<Option<JoinHandle<()>>>,
+    running: AtomicBool,
+    stop: AtomicBool,
+    /// Set by frees, cleared by the thread before each step.
+    work: AtomicBool,
+    /// The thread sleeps long: a free must wake it.
+    sleeping: AtomicBool,
+    step: Mutex<()>,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Reclaimer {
+    pub fn running(&self) -> bool {
+        self.running.load(SeqCst)
+    }
+
+    /// Frees were queued and no thread runs to join them.
+    pub fn wanted(&self) -> bool {
+        self.work.load(SeqCst) && !self.running()
+    }
+
+    /// Starts the thread, which runs `step` until `stop` (once; false if it
+    /// could not be started, and then the caller reclaims on its own).
+    pub fn start(&'static self, mut step: impl FnMut() -> Activity + Send + 'static) -> bool {
+        let mut thread = locked(&self.thread);
+        if self.running() {
+            return true;
+        }
+        let spawned = thread::Builder::new().name("somashim".into()).spawn(move || {
+            while !self.stop.load(SeqCst) {
+                self.work.store(false, SeqCst);
+                let activity = {
+                    let _step = locked(&self.step);
+                    step()
+                };
+                if activity == Activity::Pending {
+                    thread::sleep(POLL);
+                    continue;
+                }
+                self.sleeping.store(true, SeqCst);
+                if !self.work.load(SeqCst) && !self.stop.load(SeqCst) {
+                    thread::park_timeout(IDLE);
+                }
+                self.sleeping.store(false, SeqCst);
+            }
+        });
+        match spawned {
+            Ok(handle) => {
+                *thread = Some(handle);
+                self.running.store(true, SeqCst);
+                true
+            }
+            Err(e) => {
+                log::warn!("cannot start the reclaimer thread ({e}): allocations reclaim frees themselves");
+                false
+            }
+        }
+    }
+
+    /// A free was queued.
+    pub fn wake(&self) {
+        if !self.work.load(SeqCst) {
+            self.work.store(true, SeqCst);
+        }
+        if self.sleeping.load(SeqCst) {
+            if let Some(handle) = locked(&self.thread).as_ref() {
+                handle.thread().unpark();
+            }
+        }
+    }
+
+    /// Ends the thread and waits for it (at exit).
+    pub fn stop(&self) {
+        self.stop.store(true, SeqCst);
+        let handle = locked(&self.thread).take();
+        if let Some(handle) = handle {
+            handle.thread().unpark();
+            let _ = handle.join();
+        }
+        self.running.store(false, SeqCst);
+    }
+
+    /// Before `fork`: waits for the step in progress and keeps the next from
+    /// starting until the guard is dropped (after the fork, in both processes).
+    pub fn before_fork(&self) -> MutexGuard<'_, ()> {
+        locked(&self.step)
+    }
+
+    /// In the child of a fork: the thread did not come along.
+    pub fn forked_child(&self) {
+        if let Some(handle) = locked(&self.thread).take() {
+            // Its thread is not in this process: nothing to join or detach.
+            std::mem::forget(handle);
+        }
+        self.running.store(false, SeqCst);
+        self.stop.store(false, SeqCst);
+    }
+}
