@@ -194,24 +194,28 @@ compare() {
   fail "$name" "${why[@]}"
 }
 
-# bad_config VAR VALUE: exit status 2 at the first intercepted call, a message
-# naming the variable, the value and the accepted forms, nothing allocated.
+# bad_config VAR VALUE [SHOWN [VAR=VALUE...]]: exit status 2 at the first
+# intercepted call, a message naming the variable, the value (as SHOWN, if
+# the message must escape it) and the accepted forms, nothing allocated. The
+# further variables are set too.
 bad_config() {
-  local var=$1 value=$2 name="config error $1=$2"
+  local var=$1 value=$2 shown=${3:-$2}
+  shift $(($# < 3 ? $# : 3))
+  local name="config error $var=$shown${*:+ $*}"
   wanted "$name" || return 0
   next_key
   local trace=$RUNS/$KEY.trace
   : >"$trace"
-  run shim "$KEY" "$BIN/config" "$var=$value" "FAKECUDA_TRACE=$trace"
+  run shim "$KEY" "$BIN/config" "$var=$value" "$@" "FAKECUDA_TRACE=$trace"
   local rc err problems=()
   rc=$(rc_of "$KEY")
   err=$(cat "$RUNS/$KEY.err")
   [ "$rc" = 2 ] || problems+=("exit status $rc, want 2")
   grep -qF -- "$var" <<<"$err" || problems+=("stderr does not name $var")
-  grep -qF -- "$value" <<<"$err" || problems+=("stderr does not show the value $value")
+  grep -qF -- "\"$shown\"" <<<"$err" || problems+=("stderr does not show the value \"$shown\"")
   # the accepted forms: more than the variable and the value
-  local rest=${err//$var/}
-  rest=${rest//$value/}
+  local rest=${err//"$var"/}
+  rest=${rest//"$shown"/}
   [ "$(tr -cd '[:alnum:]' <<<"$rest" | wc -c)" -ge 8 ] || problems+=("stderr does not say what is accepted")
   [ "$(grep -c . <<<"$err")" -le 3 ] || problems+=("stderr has more than the message")
   ! grep -q 'panicked' <<<"$err" || problems+=("a Rust panic")
@@ -224,6 +228,12 @@ bad_config() {
     { printf '%s\n' "${problems[@]}"; echo "stderr:"; head -n 5 "$RUNS/$KEY.err"; } >"$RUNS/$KEY.why"
     fail "$name" "$RUNS/$KEY.why"
   fi
+}
+
+# last_err_says NAME TEXT: the last run's stderr contains TEXT.
+last_err_says() {
+  wanted "$1" || return 0
+  if grep -qF -- "$2" "$RUNS/$KEY.err"; then pass "$1"; else fail "$1" "$RUNS/$KEY.err"; fi
 }
 
 # no_cuda NAME COMMAND...: under the preload, exit 0, the same output as
@@ -303,6 +313,18 @@ bad_config SOMA_REUSE_FOLLOW_EVENT_DEPS perhaps
 bad_config SOMA_REUSE_OPPORTUNISTIC 10
 bad_config SOMA_REUSE_INTERNAL_DEPS x
 bad_config SOMA_PENDING_FREE_LIMIT lots
+bad_config SOMA_DISABLE $'1\xff' '1\xff'        # not UTF-8: not taken as unset
+bad_config SOMA_DISABLE $'\u00a01' '\u{a0}1'    # only ASCII whitespace is trimmed
+bad_config SOMA_DISABEL 1                        # a misspelt variable
+last_err_says "config error SOMA_DISABEL=1 names SOMA_DISABLE" 'did you mean SOMA_DISABLE?'
+bad_config SOMA_FOO 1
+bad_config SOMA_STATS ture                       # a path needs a /, so this is a mistyped flag
+if wanted "config error SOMA_STATS=ture"; then
+  if [ -e ture ]; then fail "SOMA_STATS=ture wrote a file named ture"; else pass "SOMA_STATS=ture writes no file"; fi
+fi
+bad_config SOMA_LOG verbose
+bad_config SOMA_LOG =
+bad_config SOMA_MIN_BYTES 2MiB 2MiB SOMA_MAX_BYTES=1MiB
 # 5. threads
 compare "threads (8 x 2000)" threads
 compare "threads (8 x 2000), SOMA_FREE_ORDER=barrier" threads SOMA_FREE_ORDER=barrier

@@ -200,7 +200,7 @@ expect_vars "no options: only LD_PRELOAD set" "LD_PRELOAD=$LIB_A"
 run "$SOMARUN" --lib "$LIB_A" --stats=s.txt --trace t.csv --threshold=0 --pool own --min-bytes 2K \
   --max-bytes=1G --free-sync --free-order join --pending-free-limit=1MiB --meminfo real --passthrough-callers=libnccl \
   --log trace --disable -- "$PROBE"
-expect_vars "all options together" "LD_PRELOAD=$LIB_A" SOMA_STATS=s.txt SOMA_TRACE=t.csv \
+expect_vars "all options together" "LD_PRELOAD=$LIB_A" SOMA_STATS=./s.txt SOMA_TRACE=t.csv \
   SOMA_RELEASE_THRESHOLD=0 SOMA_POOL=own SOMA_MIN_BYTES=2K SOMA_MAX_BYTES=1G SOMA_FREE_SYNC=1 \
   SOMA_FREE_ORDER=join SOMA_PENDING_FREE_LIMIT=1MiB SOMA_MEMINFO=real SOMA_PASSTHROUGH_CALLERS=libnccl SOMA_LOG=trace \
   SOMA_DISABLE=1

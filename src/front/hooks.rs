@@ -25,7 +25,7 @@ use crate::cuda::real::SUCCESS;
 fn allocator() -> &'static Allocator {
     static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
     ALLOCATOR.get_or_init(|| {
-        let config = match Config::from_lookup(|name| std::env::var(name).ok()) {
+        let config = match Config::from_environment(std::env::vars_os()) {
             Ok(config) => config,
             Err(error) => {
                 eprintln!("{error}");
