@@ -6,6 +6,7 @@
 pub mod allocator;
 pub mod config;
 pub mod device;
+pub mod output;
 pub mod passthrough;
 pub mod ptrmap;
 pub mod stats;

@@ -129,11 +129,12 @@ impl Stats {
         add_saturating(&self.passed_bytes[i], size);
     }
 
-    /// The exit table: one section per device that allocated, then what
-    /// passed through and the host time per call. `peaks` gives the pool's
-    /// figures for a device, where they could be read.
-    pub fn report(&self, peaks: impl Fn(i32) -> Option<PoolPeaks>) -> String {
-        let mut out = String::from("somashim statistics\n");
+    /// The exit table of process `pid`: one section per device that
+    /// allocated, then what passed through, the host time per call, and the
+    /// trace's rows that could not be written, if any. `peaks` gives the
+    /// pool's figures for a device, where they could be read.
+    pub fn report(&self, pid: u32, trace_rows_lost: u64, peaks: impl Fn(i32) -> Option<PoolPeaks>) -> String {
+        let mut out = format!("somashim statistics (pid {pid})\n");
         for (ordinal, d) in self.devices.iter().enumerate() {
             let allocs = d.pool_allocs.load(Relaxed);
             if allocs == 0 && d.oom_fallbacks.load(Relaxed) == 0 {
@@ -181,6 +182,9 @@ impl Stats {
             if let Some(us) = timing.mean_us() {
                 let _ = writeln!(out, "  {name:<28}{us:>9.2} us  ({} calls)", timing.calls.load(Relaxed));
             }
+        }
+        if trace_rows_lost > 0 {
+            let _ = writeln!(out, "trace incomplete: {trace_rows_lost} rows lost (writing it failed)");
         }
         out
     }
@@ -251,7 +255,8 @@ mod tests {
         stats.passed_through(Passthrough::SizeOutOfRange, 5 << 30);
         stats.passed_frees.fetch_add(2, Relaxed);
         stats.alloc_time.add(1500);
-        let report = stats.report(|d| (d == 1).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 }));
+        let report = stats.report(7, 0, |d| (d == 1).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 }));
+        assert!(report.starts_with("somashim statistics (pid 7)\n"), "{report}");
         assert!(report.contains("device 1\n"), "{report}");
         assert!(!report.contains("device 0\n"), "idle devices are left out: {report}");
         assert!(report.contains("pool allocations") && report.contains("3.0 MiB"), "{report}");
@@ -259,13 +264,15 @@ mod tests {
         assert!(report.contains("ZeroSize") && report.contains("SizeOutOfRange") && report.contains("5.0 GiB"));
         assert!(report.contains("frees of other pointers"), "{report}");
         assert!(report.contains("1.50 us"), "{report}");
+        assert!(!report.contains("trace incomplete"), "{report}");
+        assert!(stats.report(7, 12, |_| None).ends_with("trace incomplete: 12 rows lost (writing it failed)\n"));
     }
 
     #[test]
     fn unreadable_pool_figures_are_said_so() {
         let stats = Stats::default();
         stats.pooled_alloc(0, 1);
-        assert!(stats.report(|_| None).contains("unavailable"));
+        assert!(stats.report(7, 0, |_| None).contains("unavailable"));
     }
 
     #[test]
@@ -291,7 +298,7 @@ mod tests {
         stats.alloc_time.add(u64::MAX);
         stats.alloc_time.add(u64::MAX);
         assert_eq!(stats.alloc_time.nanos.load(Relaxed), u64::MAX);
-        let report = stats.report(|_| None);
+        let report = stats.report(7, 0, |_| None);
         assert!(report.contains(">= 16.0 EiB"), "{report}");
         assert!(!report.contains("TiB"), "no wrapped figure: {report}");
     }

@@ -55,15 +55,18 @@ fn callers() -> &'static CallerFilter {
     CALLERS.get_or_init(CallerFilter::default)
 }
 
-/// Arranges the `SOMA_STATS` table for exit, once. Called after a CUDA call
-/// has initialised the runtime, so that the report runs before the runtime's
-/// own exit handler (they run in reverse order).
+/// Arranges the `SOMA_STATS` table for exit, once, and files of its own for
+/// a forked child's reports. Called after a CUDA call has initialised the
+/// runtime, so that the report runs before the runtime's own exit handler
+/// (they run in reverse order), and once the allocator exists, so that the
+/// fork handler never waits for it.
 fn report_at_exit(allocator: &Allocator) {
     static REGISTER: Once = Once::new();
     if allocator.reporting() {
-        // SAFETY: at_exit is a plain extern "C" fn with no arguments.
+        // SAFETY: both handlers are plain extern "C" fns with no arguments.
         REGISTER.call_once(|| unsafe {
             libc::atexit(at_exit);
+            libc::pthread_atfork(None, None, Some(in_forked_child));
         });
     }
 }
@@ -71,6 +74,11 @@ fn report_at_exit(allocator: &Allocator) {
 extern "C" fn at_exit() {
     // A panic here must not unwind into libc's exit.
     let _ = std::panic::catch_unwind(|| allocator().report(driver::loaded()));
+}
+
+extern "C" fn in_forked_child() {
+    // A panic here must not unwind into libc's fork.
+    let _ = std::panic::catch_unwind(|| allocator().after_fork());
 }
 
 /// `cudaStreamNonBlocking` and `CU_STREAM_NON_BLOCKING`.
