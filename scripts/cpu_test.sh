@@ -54,7 +54,9 @@ fail() {
 wanted() { [ -z "$ONLY" ] || [[ $1 =~ $ONLY ]]; }
 
 # ------------------------------------------------------------------- build
-CFLAGS=(-std=gnu11 -O1 -g -Wall -Wextra -I"$INC" -idirafter "$ROOT/c_tests/fake/compat" -I"$ROOT/c_tests/fake")
+# shellcheck source=scripts/fake_cuda.sh
+. scripts/fake_cuda.sh
+CFLAGS=("${FAKE_CFLAGS[@]}")
 build_log=$B/build.log
 : >"$build_log"
 built=1
@@ -72,14 +74,10 @@ if [ ! -f "$INC/cuda.h" ] || [ ! -f "$INC/cuda_runtime_api.h" ]; then
   echo "$PASSED passed, $FAILED failed"
   exit 1
 fi
-# -Bsymbolic: like the real libraries, each binds its own functions
-# internally (the driver's cuGetProcAddress hands out its own entry points,
-# whatever a preload defines).
-build "$FAKE/libcuda.so.1" -fPIC -shared -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic c_tests/fake/fake_driver.c -lpthread
-ln -sf libcuda.so.1 "$FAKE/libcuda.so"
-build "$FAKE/libcudart.so.13" -fPIC -shared -Wl,-soname,libcudart.so.13 -Wl,-Bsymbolic c_tests/fake/fake_runtime.c \
-  -L"$FAKE" -lcuda -ldl -lpthread
-ln -sf libcudart.so.13 "$FAKE/libcudart.so"
+if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
+  built=0
+  echo "build of the test double in $FAKE failed" >>"$build_log"
+fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
   fork)
 for t in "${CUDA_TESTS[@]}"; do
@@ -508,6 +506,19 @@ if wanted "full disk: stats file"; then
   grep -q '^somashim statistics' "$RUNS/$KEY.err" || problems+=("the table is not on stderr")
   [ ! -e "$OUTS/full.stats" ] || problems+=("an incomplete stats file is left")
   checked "full disk: stats file (one warning, the table on stderr, no empty file)" "${problems[@]}"
+fi
+
+# `make demo` on a machine without a GPU: the legacy loop on the test double.
+if wanted "make demo on the test double"; then
+  next_key
+  NVCC=/nonexistent/nvcc OUT=$RUNS/$KEY.demo timeout -k 5 "$TMO" scripts/demo.sh "$SHIM" >"$RUNS/$KEY.out" 2>&1
+  demo_rc=$?
+  problems=()
+  [ "$demo_rc" = 0 ] || problems+=("exit status $demo_rc" "$(tail -n 5 "$RUNS/$KEY.out")")
+  grep -q '^somashim demo, run on the CUDA TEST DOUBLE' "$RUNS/$KEY.out" || problems+=("it does not say where it ran")
+  grep -q '^somashim statistics (pid' "$RUNS/$KEY.out" || problems+=("no SOMA_STATS table")
+  grep -qE '^(drawn|not drawn)' "$RUNS/$KEY.out" || problems+=("nothing said of the trace's drawing")
+  checked "make demo on the test double (no nvcc)" "${problems[@]}"
 fi
 
 echo "$PASSED passed, $FAILED failed"
