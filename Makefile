@@ -1,4 +1,5 @@
-# somashim. `make test`: CPU suite (no GPU). `make gpu-test`, `make demo`, `make bench`:
+# somashim. `make test`: CPU suite (no GPU). `make demo`: on the GPU where there is one, else on
+# the CUDA test double (fetches the headers). `make gpu-test`, `make bench`:
 # need a GPU and nvcc; SHIM=path/to/libsomashim.so uses a prebuilt library (no cargo).
 SHELL := /bin/bash
 CUDA_RUNTIME_PIN := 13.0.96

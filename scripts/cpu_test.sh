@@ -54,7 +54,9 @@ fail() {
 wanted() { [ -z "$ONLY" ] || [[ $1 =~ $ONLY ]]; }
 
 # ------------------------------------------------------------------- build
-CFLAGS=(-std=gnu11 -O1 -g -Wall -Wextra -I"$INC" -idirafter "$ROOT/c_tests/fake/compat" -I"$ROOT/c_tests/fake")
+# shellcheck source=scripts/fake_cuda.sh
+. scripts/fake_cuda.sh
+CFLAGS=("${FAKE_CFLAGS[@]}")
 build_log=$B/build.log
 : >"$build_log"
 built=1
@@ -72,15 +74,12 @@ if [ ! -f "$INC/cuda.h" ] || [ ! -f "$INC/cuda_runtime_api.h" ]; then
   echo "$PASSED passed, $FAILED failed"
   exit 1
 fi
-# -Bsymbolic: like the real libraries, each binds its own functions
-# internally (the driver's cuGetProcAddress hands out its own entry points,
-# whatever a preload defines).
-build "$FAKE/libcuda.so.1" -fPIC -shared -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic c_tests/fake/fake_driver.c -lpthread
-ln -sf libcuda.so.1 "$FAKE/libcuda.so"
-build "$FAKE/libcudart.so.13" -fPIC -shared -Wl,-soname,libcudart.so.13 -Wl,-Bsymbolic c_tests/fake/fake_runtime.c \
-  -L"$FAKE" -lcuda -ldl -lpthread
-ln -sf libcudart.so.13 "$FAKE/libcudart.so"
-CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers)
+if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
+  built=0
+  echo "build of the test double in $FAKE failed" >>"$build_log"
+fi
+CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
+  fork)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -91,6 +90,16 @@ build "$BIN/libnext_a.so" -fPIC -shared c_tests/cpu/dlsym_next_a.c -ldl
 build "$BIN/libnext_b.so" -fPIC -shared c_tests/cpu/dlsym_next_b.c
 build "$BIN/dlsym_next" c_tests/cpu/dlsym_next.c -L"$BIN" -Wl,--no-as-needed -lnext_a -lnext_b \
   -Wl,-rpath,"$BIN" -ldl
+# Runs $FSIZE_LIMITED with files limited to $FSIZE_LIMIT_KIB KiB, as on a
+# full disk: a write past it fails with EFBIG (SIGXFSZ ignored) instead of
+# killing the process. Its stdout and stderr pass through pipes (to cat,
+# outside the limit): the harness's files for them are limited files too.
+cat >"$BIN/fsize_limited" <<'SCRIPT'
+#!/usr/bin/env bash
+set -o pipefail
+{ (ulimit -f "$FSIZE_LIMIT_KIB" && trap '' XFSZ && exec "$FSIZE_LIMITED") 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat
+SCRIPT
+chmod +x "$BIN/fsize_limited"
 if [ "$built" = 1 ]; then pass "build (test double and test programs)"; else fail "build" "$build_log"; fi
 
 # -------------------------------------------------------------- cargo test
@@ -194,24 +203,28 @@ compare() {
   fail "$name" "${why[@]}"
 }
 
-# bad_config VAR VALUE: exit status 2 at the first intercepted call, a message
-# naming the variable, the value and the accepted forms, nothing allocated.
+# bad_config VAR VALUE [SHOWN [VAR=VALUE...]]: exit status 2 at the first
+# intercepted call, a message naming the variable, the value (as SHOWN, if
+# the message must escape it) and the accepted forms, nothing allocated. The
+# further variables are set too.
 bad_config() {
-  local var=$1 value=$2 name="config error $1=$2"
+  local var=$1 value=$2 shown=${3:-$2}
+  shift $(($# < 3 ? $# : 3))
+  local name="config error $var=$shown${*:+ $*}"
   wanted "$name" || return 0
   next_key
   local trace=$RUNS/$KEY.trace
   : >"$trace"
-  run shim "$KEY" "$BIN/config" "$var=$value" "FAKECUDA_TRACE=$trace"
+  run shim "$KEY" "$BIN/config" "$var=$value" "$@" "FAKECUDA_TRACE=$trace"
   local rc err problems=()
   rc=$(rc_of "$KEY")
   err=$(cat "$RUNS/$KEY.err")
   [ "$rc" = 2 ] || problems+=("exit status $rc, want 2")
   grep -qF -- "$var" <<<"$err" || problems+=("stderr does not name $var")
-  grep -qF -- "$value" <<<"$err" || problems+=("stderr does not show the value $value")
+  grep -qF -- "\"$shown\"" <<<"$err" || problems+=("stderr does not show the value \"$shown\"")
   # the accepted forms: more than the variable and the value
-  local rest=${err//$var/}
-  rest=${rest//$value/}
+  local rest=${err//"$var"/}
+  rest=${rest//"$shown"/}
   [ "$(tr -cd '[:alnum:]' <<<"$rest" | wc -c)" -ge 8 ] || problems+=("stderr does not say what is accepted")
   [ "$(grep -c . <<<"$err")" -le 3 ] || problems+=("stderr has more than the message")
   ! grep -q 'panicked' <<<"$err" || problems+=("a Rust panic")
@@ -224,6 +237,12 @@ bad_config() {
     { printf '%s\n' "${problems[@]}"; echo "stderr:"; head -n 5 "$RUNS/$KEY.err"; } >"$RUNS/$KEY.why"
     fail "$name" "$RUNS/$KEY.why"
   fi
+}
+
+# last_err_says NAME TEXT: the last run's stderr contains TEXT.
+last_err_says() {
+  wanted "$1" || return 0
+  if grep -qF -- "$2" "$RUNS/$KEY.err"; then pass "$1"; else fail "$1" "$RUNS/$KEY.err"; fi
 }
 
 # no_cuda NAME COMMAND...: under the preload, exit 0, the same output as
@@ -303,6 +322,18 @@ bad_config SOMA_REUSE_FOLLOW_EVENT_DEPS perhaps
 bad_config SOMA_REUSE_OPPORTUNISTIC 10
 bad_config SOMA_REUSE_INTERNAL_DEPS x
 bad_config SOMA_PENDING_FREE_LIMIT lots
+bad_config SOMA_DISABLE $'1\xff' '1\xff'        # not UTF-8: not taken as unset
+bad_config SOMA_DISABLE $'\u00a01' '\u{a0}1'    # only ASCII whitespace is trimmed
+bad_config SOMA_DISABEL 1                        # a misspelt variable
+last_err_says "config error SOMA_DISABEL=1 names SOMA_DISABLE" 'did you mean SOMA_DISABLE?'
+bad_config SOMA_FOO 1
+bad_config SOMA_STATS ture                       # a path needs a /, so this is a mistyped flag
+if wanted "config error SOMA_STATS=ture"; then
+  if [ -e ture ]; then fail "SOMA_STATS=ture wrote a file named ture"; else pass "SOMA_STATS=ture writes no file"; fi
+fi
+bad_config SOMA_LOG verbose
+bad_config SOMA_LOG =
+bad_config SOMA_MIN_BYTES 2MiB 2MiB SOMA_MAX_BYTES=1MiB
 # 5. threads
 compare "threads (8 x 2000)" threads
 compare "threads (8 x 2000), SOMA_FREE_ORDER=barrier" threads SOMA_FREE_ORDER=barrier
@@ -355,6 +386,139 @@ if wanted "stats table"; then
     echo "FAIL stats table: Caller row '${listed:-}', pool allocations '${pooled:-}', pool frees '${frees:-}' (want 11 each)"
     sed 's/^/    /' "$RUNS/callers-listed.stats" "$RUNS/callers-other.stats" 2>/dev/null | head -n 30
   fi
+fi
+
+# checked NAME PROBLEM...: PASS if no problem is given, else FAIL with them.
+checked() {
+  local name=$1
+  shift
+  if [ $# -eq 0 ]; then
+    pass "$name"
+  else
+    next_key
+    printf '%s\n' "$@" >"$RUNS/$KEY.why"
+    fail "$name" "$RUNS/$KEY.why"
+  fi
+}
+
+# A forked child reports to files of its own (<path>.<pid>), with its own
+# header; no event is written by both processes. fork.c: the parent's blocks
+# are 1 MiB (4 pairs before the fork, 4 after), the child's 3 MiB (3 pairs).
+if wanted "fork"; then
+  compare "fork: parent and child run" fork "SOMA_TRACE=$RUNS/fork.csv" "SOMA_STATS=$RUNS/fork.stats"
+  parent=$(sed -n 's/^# parent //p' "$RUNS/${KEY}s.out")
+  child=$(sed -n 's/^# child //p' "$RUNS/${KEY}s.out")
+  rows() { grep -c -- ",alloc,$2," "$1" 2>/dev/null; }
+  problems=()
+  [ -n "$parent" ] && [ -n "$child" ] || problems+=("no pids in the output")
+  for f in "$RUNS/fork.csv" "$RUNS/fork.csv.$child"; do
+    [ "$(head -n 1 "$f" 2>/dev/null)" = "time_us,device,op,size,ptr,in_use,reserved" ] || problems+=("$f: no header")
+  done
+  [ "$(rows "$RUNS/fork.csv" $((1 << 20)))" = 8 ] || problems+=("parent's trace: $(rows "$RUNS/fork.csv" $((1 << 20))) allocations of 1 MiB, want 8")
+  [ "$(rows "$RUNS/fork.csv" $((3 << 20)))" = 0 ] || problems+=("parent's trace has the child's allocations")
+  [ "$(rows "$RUNS/fork.csv.$child" $((3 << 20)))" = 3 ] || problems+=("child's trace: $(rows "$RUNS/fork.csv.$child" $((3 << 20))) allocations of 3 MiB, want 3")
+  [ "$(rows "$RUNS/fork.csv.$child" $((1 << 20)))" = 0 ] || problems+=("child's trace has the parent's allocations")
+  [ "$(head -n 1 "$RUNS/fork.stats" 2>/dev/null)" = "somashim statistics (pid $parent)" ] || problems+=("parent's stats file: $(head -n 1 "$RUNS/fork.stats" 2>&1)")
+  [ "$(head -n 1 "$RUNS/fork.stats.$child" 2>/dev/null)" = "somashim statistics (pid $child)" ] || problems+=("child's stats file: $(head -n 1 "$RUNS/fork.stats.$child" 2>&1)")
+  checked "fork: each process writes its own trace and stats file" "${problems[@]}"
+  next_key
+  run shim "$KEY" "$BIN/fork" SOMA_STATS=1
+  parent=$(sed -n 's/^# parent //p' "$RUNS/$KEY.out")
+  child=$(sed -n 's/^# child //p' "$RUNS/$KEY.out")
+  problems=()
+  [ "$(rc_of "$KEY")" = 0 ] || problems+=("exit status $(rc_of "$KEY")")
+  for pid in "$parent" "$child"; do
+    [ "$(grep -c "^somashim statistics (pid $pid)\$" "$RUNS/$KEY.err")" = 1 ] || problems+=("stderr has not one table titled with pid $pid")
+  done
+  [ "$(grep -c '^somashim statistics' "$RUNS/$KEY.err")" = 2 ] || problems+=("stderr has not two tables")
+  checked "fork: SOMA_STATS=1 tables on stderr name their pid" "${problems[@]}"
+fi
+
+# Output files: never written through a symbolic link, only when regular
+# files, created mode 0600. What is refused costs one warning; the program
+# runs on, and a refused SOMA_STATS table goes to stderr.
+# refused_output NAME VAR PATH WARNING CONDITION: the callers program under
+# the shim with VAR=PATH exits 0 with one "cannot write" line on stderr
+# containing WARNING, and the shell test CONDITION holds afterwards.
+refused_output() {
+  local name=$1 var=$2 path=$3 warning=$4 condition=$5
+  wanted "$name" || return 0
+  next_key
+  local k=$KEY problems=()
+  run shim "$k" "$BIN/callers" "$var=$path"
+  [ "$(rc_of "$k")" = 0 ] || problems+=("exit status $(rc_of "$k"), want 0")
+  [ "$(grep -c 'cannot write' "$RUNS/$k.err")" = 1 ] || problems+=("not one warning: $(head -c 300 "$RUNS/$k.err")")
+  grep -qF -- "$warning" "$RUNS/$k.err" || problems+=("the warning does not say '$warning'")
+  eval "$condition" || problems+=("afterwards, not: $condition")
+  checked "$name" "${problems[@]}"
+}
+OUTS=$B/outputs
+rm -rf "$OUTS" && mkdir -p "$OUTS"
+echo keep >"$OUTS/trace-target"
+ln -s trace-target "$OUTS/trace-link"
+refused_output "SOMA_TRACE: a symbolic link is not followed" SOMA_TRACE "$OUTS/trace-link" "symbolic link" \
+  '[ "$(cat "$OUTS/trace-target")" = keep ]'
+ln -s absent "$OUTS/dangling"
+refused_output "SOMA_TRACE: a dangling symbolic link creates nothing" SOMA_TRACE "$OUTS/dangling" "symbolic link" \
+  '[ ! -e "$OUTS/absent" ]'
+mkfifo "$OUTS/fifo"
+refused_output "SOMA_TRACE: a FIFO does not block, it is refused" SOMA_TRACE "$OUTS/fifo" "not a regular file" true
+echo keep >"$OUTS/stats-target"
+ln -s stats-target "$OUTS/stats-link"
+refused_output "SOMA_STATS: a symbolic link is not followed, the table goes to stderr" SOMA_STATS "$OUTS/stats-link" \
+  "symbolic link" '[ "$(cat "$OUTS/stats-target")" = keep ] && grep -q "^somashim statistics" "$RUNS/$KEY.err"'
+refused_output "SOMA_STATS=/dev/full: not a regular file, the table goes to stderr" SOMA_STATS /dev/full \
+  "not a regular file" 'grep -q "^somashim statistics" "$RUNS/$KEY.err"'
+if wanted "output files are created mode 0600"; then
+  next_key
+  run shim "$KEY" "$BIN/callers" "SOMA_TRACE=$OUTS/new.csv" "SOMA_STATS=$OUTS/new.stats"
+  problems=()
+  [ "$(rc_of "$KEY")" = 0 ] && [ ! -s "$RUNS/$KEY.err" ] || problems+=("exit status $(rc_of "$KEY"), stderr: $(head -c 300 "$RUNS/$KEY.err")")
+  for f in new.csv new.stats; do
+    [ "$(stat -c %a "$OUTS/$f" 2>&1)" = 600 ] || problems+=("$f: mode $(stat -c %a "$OUTS/$f" 2>&1), want 600")
+  done
+  checked "output files are created mode 0600" "${problems[@]}"
+fi
+
+# A full disk (files limited to a size, so a write fails with EFBIG): one
+# warning, the trace holds whole rows only, and the table counts what was lost.
+if wanted "full disk: trace"; then
+  next_key
+  run shim "$KEY" "$BIN/fsize_limited" FSIZE_LIMIT_KIB=256 "FSIZE_LIMITED=$BIN/threads" "SOMA_TRACE=$RUNS/full.csv" \
+    SOMA_STATS=1
+  problems=()
+  [ "$(rc_of "$KEY")" = 0 ] || problems+=("exit status $(rc_of "$KEY"), want 0")
+  [ "$(grep -c 'writing the trace' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one warning: $(grep -c 'writing the trace' "$RUNS/$KEY.err")")
+  [ "$(tail -c 1 "$RUNS/full.csv" | od -An -c | tr -d ' ')" = '\n' ] || problems+=("the trace ends mid-row")
+  awk -F, 'NF != 7 {bad = 1} END {exit bad}' "$RUNS/full.csv" || problems+=("a row of the trace is not whole")
+  lost=$(sed -n 's/^trace incomplete: \([0-9]*\) rows lost.*/\1/p' "$RUNS/$KEY.err")
+  events=$(($(stats_row "$RUNS/$KEY.err" "pool allocations") + $(stats_row "$RUNS/$KEY.err" "pool frees")))
+  kept=$(($(wc -l <"$RUNS/full.csv") - 1))
+  [ -n "$lost" ] && [ "$((kept + lost))" = "$events" ] || problems+=("rows kept $kept + lost '${lost:-}' != events $events")
+  checked "full disk: trace (one warning, whole rows, lost rows counted)" "${problems[@]}"
+fi
+if wanted "full disk: stats file"; then
+  next_key
+  run shim "$KEY" "$BIN/fsize_limited" FSIZE_LIMIT_KIB=0 "FSIZE_LIMITED=$BIN/callers" "SOMA_STATS=$OUTS/full.stats"
+  problems=()
+  [ "$(rc_of "$KEY")" = 0 ] || problems+=("exit status $(rc_of "$KEY"), want 0")
+  [ "$(grep -c 'cannot write statistics' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one warning")
+  grep -q '^somashim statistics' "$RUNS/$KEY.err" || problems+=("the table is not on stderr")
+  [ ! -e "$OUTS/full.stats" ] || problems+=("an incomplete stats file is left")
+  checked "full disk: stats file (one warning, the table on stderr, no empty file)" "${problems[@]}"
+fi
+
+# `make demo` on a machine without a GPU: the legacy loop on the test double.
+if wanted "make demo on the test double"; then
+  next_key
+  NVCC=/nonexistent/nvcc OUT=$RUNS/$KEY.demo timeout -k 5 "$TMO" scripts/demo.sh "$SHIM" >"$RUNS/$KEY.out" 2>&1
+  demo_rc=$?
+  problems=()
+  [ "$demo_rc" = 0 ] || problems+=("exit status $demo_rc" "$(tail -n 5 "$RUNS/$KEY.out")")
+  grep -q '^somashim demo, run on the CUDA TEST DOUBLE' "$RUNS/$KEY.out" || problems+=("it does not say where it ran")
+  grep -q '^somashim statistics (pid' "$RUNS/$KEY.out" || problems+=("no SOMA_STATS table")
+  grep -qE '^(drawn|not drawn)' "$RUNS/$KEY.out" || problems+=("nothing said of the trace's drawing")
+  checked "make demo on the test double (no nvcc)" "${problems[@]}"
 fi
 
 echo "$PASSED passed, $FAILED failed"

@@ -200,7 +200,7 @@ expect_vars "no options: only LD_PRELOAD set" "LD_PRELOAD=$LIB_A"
 run "$SOMARUN" --lib "$LIB_A" --stats=s.txt --trace t.csv --threshold=0 --pool own --min-bytes 2K \
   --max-bytes=1G --free-sync --free-order join --pending-free-limit=1MiB --meminfo real --passthrough-callers=libnccl \
   --log trace --disable -- "$PROBE"
-expect_vars "all options together" "LD_PRELOAD=$LIB_A" SOMA_STATS=s.txt SOMA_TRACE=t.csv \
+expect_vars "all options together" "LD_PRELOAD=$LIB_A" SOMA_STATS=./s.txt SOMA_TRACE=t.csv \
   SOMA_RELEASE_THRESHOLD=0 SOMA_POOL=own SOMA_MIN_BYTES=2K SOMA_MAX_BYTES=1G SOMA_FREE_SYNC=1 \
   SOMA_FREE_ORDER=join SOMA_PENDING_FREE_LIMIT=1MiB SOMA_MEMINFO=real SOMA_PASSTHROUGH_CALLERS=libnccl SOMA_LOG=trace \
   SOMA_DISABLE=1
@@ -314,8 +314,33 @@ run "$SOMARUN" --lib "$LIB_A" -- sh -c 'kill -TERM $$'
 expect_status "death by SIGTERM passed through (143)" 143
 run "$SOMARUN" --lib "$LIB_A" -- sh -c 'kill -KILL $$'
 expect_status "death by SIGKILL passed through (137)" 137
+# expect_cannot_run NAME STATUS PATTERN: after `run`, STATUS, nothing on
+# stdout, and one line on stderr from the launcher, matching the glob PATTERN.
+expect_cannot_run() {
+  local name=$1 want=$2 pattern=$3 msg
+  msg=$(cat "$TMP/err")
+  # shellcheck disable=SC2053 # PATTERN is a glob on purpose
+  if [ "$RC" != "$want" ]; then
+    fail "$name" "exit status $RC, expected $want; stderr: $(short "$TMP/err")"
+  elif [ -s "$TMP/out" ] || [ "$(wc -l <"$TMP/err")" != 1 ] || [[ $msg != $pattern ]]; then
+    fail "$name" "stderr '$(short "$TMP/err")' is not one line matching '$pattern'"
+  else
+    pass "$name"
+  fi
+}
 run "$SOMARUN" --lib "$LIB_A" -- "$TMP/no-such-program"
-expect_status "program not found exits 127" 127
+expect_cannot_run "program not found: 127, said by the launcher" 127 "somarun: $TMP/no-such-program: no such program"
+run "$SOMARUN" --lib "$LIB_A" -- /nonexistent/prog
+expect_cannot_run "/nonexistent/prog: 127, said by the launcher" 127 "somarun: /nonexistent/prog: no such program"
+run "$SOMARUN" --lib "$LIB_A" -- somarun-test-no-such-program
+expect_cannot_run "program not in PATH: 127, said by the launcher" 127 \
+  "somarun: somarun-test-no-such-program: no such program in PATH"
+echo 'echo ran' >"$TMP/not-executable"
+chmod 644 "$TMP/not-executable"
+run "$SOMARUN" --lib "$LIB_A" -- "$TMP/not-executable"
+expect_cannot_run "program not executable: 126, said by the launcher" 126 "somarun: $TMP/not-executable: not executable"
+run "$SOMARUN" --lib "$LIB_A" -- "$TMP"
+expect_cannot_run "a directory as program: 126, said by the launcher" 126 "somarun: $TMP: is a directory*"
 run sh -c 'echo $$; exec "$0" --lib "$1" -- sh -c "echo \$\$"' "$SOMARUN" "$LIB_A"
 if [ "$RC" = 0 ] && [ "$(wc -l <"$TMP/out")" = 2 ] && [ "$(sed -n 1p "$TMP/out")" = "$(sed -n 2p "$TMP/out")" ]; then
   pass "program replaces the launcher (same pid)"

@@ -6,7 +6,8 @@
 //! exports) decide *whether* a call is the pool's; the core does the pooling.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::config::{Config, StatsOutput};
@@ -14,6 +15,7 @@ use super::device::{AllocFailure, Device, FreePath, Wait};
 use super::pending::Predecessors;
 use super::reclaimer::{Activity, Reclaimer};
 use crate::cuda::gpu::{Context, Gpu, Event, Stream};
+use super::output;
 use super::passthrough::Passthrough;
 use super::ptrmap::{Block, Claim, PointerMap};
 use super::stats::{PoolPeaks, Stats};
@@ -23,6 +25,9 @@ pub struct Allocator {
     pub config: Config,
     pub stats: Stats,
     trace: Option<Trace>,
+    /// This process's pid if it is a forked child, else 0: a child writes its
+    /// statistics and trace to files of its own.
+    forked_child: AtomicU32,
     map: PointerMap,
     /// Indexed by device ordinal: not yet seen, cannot be pooled, or its pool.
     devices: RwLock<Vec<DeviceSlot>>,
@@ -100,12 +105,13 @@ impl Allocator {
     /// file, if any (a file that cannot be written is logged and skipped).
     pub fn new(config: Config) -> Allocator {
         let trace = config.trace.as_deref().and_then(|path| {
-            Trace::create(path).map_err(|e| log::warn!("cannot write the trace to {path}: {e}")).ok()
+            Trace::create(path).map_err(|e| log::warn!("cannot write the trace to {path}: {e}; no trace is written")).ok()
         });
         Allocator {
             config,
             stats: Stats::default(),
             trace,
+            forked_child: AtomicU32::new(0),
             map: PointerMap::default(),
             devices: RwLock::new(Vec::new()),
             streams: RwLock::new(StreamRegistry::default()),
@@ -361,6 +367,15 @@ impl Allocator {
         self.known_device(device).map_or(0, |d| d.idle_bytes(driver))
     }
 
+    /// In a forked child, before it goes on: its reports go to files of its own.
+    pub fn after_fork(&self) {
+        let pid = std::process::id();
+        self.forked_child.store(pid, Ordering::Relaxed);
+        if let Some(trace) = &self.trace {
+            trace.forked(pid);
+        }
+    }
+
     /// The `SOMA_STATS` table (and the trace's last events), at exit.
     pub fn report(&self, driver: Option<&impl Gpu>) {
         if let Some(trace) = &self.trace {
@@ -373,12 +388,26 @@ impl Allocator {
                 (seen > 0).then_some(PoolPeaks { used_high: 0, reserved_high: seen })
             })
         };
+        let rows_lost = self.trace.as_ref().map_or(0, Trace::rows_lost);
+        let table = || self.stats.report(std::process::id(), rows_lost, peaks);
         match &self.config.stats {
             StatsOutput::Off => {}
-            StatsOutput::Stderr => eprint!("{}", self.stats.report(peaks)),
+            StatsOutput::Stderr => eprint!("{}", table()),
             StatsOutput::File(path) => {
-                if let Err(e) = std::fs::write(path, self.stats.report(peaks)) {
-                    eprintln!("somashim: cannot write statistics to {path}: {e}");
+                let path = match self.forked_child.load(Ordering::Relaxed) {
+                    0 => path.clone(),
+                    pid => output::in_child(path, pid),
+                };
+                let table = table();
+                let written = output::create(&path).and_then(|mut file| {
+                    // A table cut short is worse than none: it goes, and stderr has it.
+                    file.write_all(table.as_bytes()).inspect_err(|_| {
+                        let _ = std::fs::remove_file(&path);
+                    })
+                });
+                if let Err(e) = written {
+                    eprintln!("somashim: cannot write statistics to {path}: {e}; they follow on stderr");
+                    eprint!("{table}");
                 }
             }
         }

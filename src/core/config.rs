@@ -1,9 +1,13 @@
 //! The `SOMA_*` configuration: one table, one parser. No FFI here.
 //!
 //! Every variable is a row of [`VARIABLES`]; the README's table is checked
-//! against it by a test, so the two cannot drift apart.
+//! against it by a test, so the two cannot drift apart. A `SOMA_*` variable
+//! that is not in the table is an error too (a misspelt one would otherwise be
+//! ignored without a word).
 
+use std::ffi::{OsStr, OsString};
 use std::fmt;
+use std::os::unix::ffi::OsStrExt;
 
 /// Which memory pool serves the shim's allocations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,11 +115,14 @@ impl Kind {
             }
             Kind::Pool => "own or default",
             Kind::FreeOrder => "barrier or join",
-            Kind::Stats => "0, 1 (to stderr) or a file path",
+            Kind::Stats => "0 or 1 (also true/false, yes/no, on/off; 1: to stderr), or a file path, which must contain a / (such as ./stats.txt)",
             Kind::Path => "a file path, or empty for none",
             Kind::MemInfo => "real or pool",
             Kind::List => "comma-separated library names such as libnccl,libfoo (empty for none)",
-            Kind::LogFilter => "an env_logger filter such as warn, info, somashim=debug",
+            Kind::LogFilter => {
+                "comma-separated directives, each a level (off, error, warn, info, debug, trace), a module of \
+                 the shim (somashim, somashim::core::trace) or module=level, such as warn or somashim=debug"
+            }
         }
     }
 }
@@ -278,38 +285,86 @@ pub static VARIABLES: &[Variable] = &[
     },
 ];
 
-/// A variable whose value cannot be used.
+/// A configuration that cannot be used. Each message names the variable, the
+/// value as given (quoted, with bytes that are not UTF-8 as `\xNN`) and what
+/// is accepted.
 #[derive(Debug, PartialEq, Eq)]
-pub struct ConfigError {
-    pub variable: &'static str,
-    pub value: String,
-    pub accepted: &'static str,
+pub enum ConfigError {
+    /// A value that does not parse (or is not UTF-8).
+    BadValue { variable: &'static str, value: String, accepted: &'static str },
+    /// A `SOMA_*` variable that is not in the table.
+    UnknownVariable { name: String, value: String, closest: &'static str },
+    /// `SOMA_MIN_BYTES` above `SOMA_MAX_BYTES`: nothing would be pooled.
+    EmptySizeRange { min: String, max: String },
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "somashim: {}={:?} is not valid; accepted: {}",
-            self.variable, self.value, self.accepted
-        )
+        match self {
+            ConfigError::BadValue { variable, value, accepted } => {
+                write!(f, "somashim: {variable}=\"{value}\" is not valid; accepted: {accepted}")
+            }
+            ConfigError::UnknownVariable { name, value, closest } => {
+                let known: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
+                write!(
+                    f,
+                    "somashim: {name}=\"{value}\" is not a somashim variable; did you mean {closest}? accepted: {}",
+                    known.join(", ")
+                )
+            }
+            ConfigError::EmptySizeRange { min, max } => write!(
+                f,
+                "somashim: SOMA_MIN_BYTES=\"{min}\" is more than SOMA_MAX_BYTES=\"{max}\", so nothing would be \
+                 pooled; accepted: SOMA_MIN_BYTES at most SOMA_MAX_BYTES (SOMA_DISABLE=1 passes every call through)"
+            ),
+        }
     }
 }
 
 impl Config {
-    /// Reads every variable through `lookup` (the environment, in the shim).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    /// Reads the configuration from the process's environment (`vars`: every
+    /// name and value; those not starting with `SOMA_` are not looked at).
+    pub fn from_environment(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Result<Config, ConfigError> {
+        let mut given: Vec<Option<OsString>> = vec![None; VARIABLES.len()];
+        for (name, value) in vars {
+            if !name.as_bytes().starts_with(b"SOMA_") {
+                continue;
+            }
+            match VARIABLES.iter().position(|v| v.name.as_bytes() == name.as_bytes()) {
+                // The first of duplicate entries wins, as with getenv.
+                Some(index) => {
+                    given[index].get_or_insert(value);
+                }
+                None => {
+                    return Err(ConfigError::UnknownVariable {
+                        name: shown(&name),
+                        value: shown(&value),
+                        closest: closest_variable(&name),
+                    })
+                }
+            }
+        }
         let mut config = Config::placeholder();
-        for variable in VARIABLES {
-            let given = lookup(variable.name);
-            let text = given.as_deref().unwrap_or(variable.default);
-            let value = parse(variable.kind, text).ok_or_else(|| ConfigError {
+        for (variable, given) in VARIABLES.iter().zip(&given) {
+            let bad_value = |value: &OsStr| ConfigError::BadValue {
                 variable: variable.name,
-                value: text.to_string(),
+                value: shown(value),
                 accepted: variable.kind.accepted_forms(),
-            })?;
+            };
+            let text = match given {
+                Some(value) => value.to_str().ok_or_else(|| bad_value(value))?,
+                None => variable.default,
+            };
+            let value = parse(variable.kind, text).ok_or_else(|| bad_value(OsStr::new(text)))?;
             (variable.store)(&mut config, value);
             config.effective.push((variable.name, text.to_string()));
+        }
+        if config.min_bytes > config.max_bytes {
+            let text = |name| config.effective.iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone());
+            return Err(ConfigError::EmptySizeRange {
+                min: text("SOMA_MIN_BYTES").unwrap_or_default(),
+                max: text("SOMA_MAX_BYTES").unwrap_or_default(),
+            });
         }
         Ok(config)
     }
@@ -343,8 +398,42 @@ impl Config {
     }
 }
 
+/// A value as the messages show it: escaped as Rust writes a string, with
+/// each byte that is not UTF-8 as `\xNN`.
+fn shown(value: &OsStr) -> String {
+    let mut out = String::new();
+    for chunk in value.as_bytes().utf8_chunks() {
+        out.extend(chunk.valid().chars().flat_map(char::escape_debug));
+        out.extend(chunk.invalid().iter().map(|b| format!("\\x{b:02x}")));
+    }
+    out
+}
+
+/// The known variable nearest to `name` by edit distance (a misspelling's likely meaning).
+fn closest_variable(name: &OsStr) -> &'static str {
+    let name = name.as_bytes();
+    VARIABLES.iter().map(|v| v.name).min_by_key(|known| edit_distance(name, known.as_bytes())).unwrap_or("")
+}
+
+/// Levenshtein distance: the fewest insertions, deletions and substitutions
+/// that turn `a` into `b`.
+fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != cb);
+            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+/// Only ASCII whitespace is trimmed: a Unicode space (a no-break space pasted
+/// from a web page, say) is part of the value, and so makes it invalid.
 fn parse(kind: Kind, text: &str) -> Option<Value> {
-    let text = text.trim();
+    let text = text.trim_ascii();
     match kind {
         Kind::Flag => parse_flag(text).map(Value::Flag),
         Kind::Size { allow_total } => match text.to_ascii_lowercase().as_str() {
@@ -361,12 +450,11 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             "join" => Some(Value::FreeOrder(FreeOrder::Join)),
             _ => None,
         },
-        Kind::Stats => Some(Value::Stats(match parse_flag(text) {
-            Some(false) => StatsOutput::Off,
-            Some(true) => StatsOutput::Stderr,
-            None if text.is_empty() => StatsOutput::Off,
-            None => StatsOutput::File(text.to_string()),
-        })),
+        // A path is told from a flag by its `/`, so that a mistyped flag
+        // (`ture`) cannot become a file in the current directory.
+        Kind::Stats if text.contains('/') => Some(Value::Stats(StatsOutput::File(text.to_string()))),
+        Kind::Stats if text.is_empty() => Some(Value::Stats(StatsOutput::Off)),
+        Kind::Stats => parse_flag(text).map(|on| Value::Stats(if on { StatsOutput::Stderr } else { StatsOutput::Off })),
         Kind::Path => Some(Value::Path((!text.is_empty()).then(|| text.to_string()))),
         Kind::MemInfo => match text.to_ascii_lowercase().as_str() {
             "real" => Some(Value::MemInfo(MemInfo::Real)),
@@ -374,9 +462,28 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             _ => None,
         },
         Kind::List => Some(Value::List(
-            text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
+            text.split(',').map(str::trim_ascii).filter(|s| !s.is_empty()).map(String::from).collect(),
         )),
-        Kind::LogFilter => Some(Value::Text(text.to_string())),
+        Kind::LogFilter => text.split(',').all(is_log_directive).then(|| Value::Text(text.to_string())),
+    }
+}
+
+/// One directive of `SOMA_LOG`: `level`, `module` or `module=level`, where a
+/// module is the shim's (`somashim`, `somashim::core::trace`): nothing else in
+/// the library logs. Empty ones (as in `warn,`) are allowed. env_logger takes
+/// any word as a module name, so a typo (`verbose`) would silently turn the
+/// log off: each directive is checked here.
+fn is_log_directive(directive: &str) -> bool {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let is_level = |text: &str| LEVELS.iter().any(|level| level.eq_ignore_ascii_case(text));
+    let is_module = |text: &str| {
+        (text == "somashim" || text.starts_with("somashim::"))
+            && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    };
+    let directive = directive.trim_ascii();
+    match directive.split_once('=') {
+        Some((module, level)) => is_module(module) && is_level(level),
+        None => directive.is_empty() || is_level(directive) || is_module(directive),
     }
 }
 
@@ -391,14 +498,14 @@ fn parse_flag(text: &str) -> Option<bool> {
 /// `4096`, `512MiB`, `4G`, `max`. Every unit is a power of 1024: K, KB and KiB
 /// all mean 1024 bytes, as in most GPU tooling.
 pub fn parse_size(text: &str) -> Option<u64> {
-    let lower = text.trim().to_ascii_lowercase();
+    let lower = text.trim_ascii().to_ascii_lowercase();
     if lower == "max" {
         return Some(u64::MAX);
     }
     let split = lower.find(|c: char| !c.is_ascii_digit()).unwrap_or(lower.len());
     let (digits, unit) = lower.split_at(split);
     let number: u64 = digits.parse().ok()?;
-    let shift = match unit.trim() {
+    let shift = match unit.trim_ascii() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
         "m" | "mb" | "mib" => 20,
@@ -412,12 +519,18 @@ pub fn parse_size(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use std::os::unix::ffi::OsStringExt;
 
     fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let env: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Config::from_lookup(|name| env.get(name).cloned())
+        Config::from_environment(pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))))
+    }
+
+    /// The variable a bad value was blamed on.
+    fn blamed(error: ConfigError) -> &'static str {
+        match error {
+            ConfigError::BadValue { variable, .. } => variable,
+            other => panic!("not a bad value: {other:?}"),
+        }
     }
 
     #[test]
@@ -443,6 +556,65 @@ mod tests {
         assert_eq!(config(&[("SOMA_STATS", "1")]).unwrap().stats, StatsOutput::Stderr);
         assert_eq!(config(&[("SOMA_STATS", "/tmp/s.txt")]).unwrap().stats, StatsOutput::File("/tmp/s.txt".into()));
         assert_eq!(config(&[("SOMA_STATS", "0")]).unwrap().stats, StatsOutput::Off);
+        assert_eq!(config(&[("SOMA_STATS", "./s")]).unwrap().stats, StatsOutput::File("./s".into()));
+        assert_eq!(config(&[("SOMA_STATS", "")]).unwrap().stats, StatsOutput::Off);
+    }
+
+    #[test]
+    fn a_stats_path_needs_a_slash_so_a_mistyped_flag_is_an_error() {
+        let e = config(&[("SOMA_STATS", "ture")]).unwrap_err();
+        let message = e.to_string();
+        assert!(message.contains("SOMA_STATS=\"ture\"") && message.contains("./stats.txt"), "{message}");
+        assert_eq!(blamed(config(&[("SOMA_STATS", "stats.txt")]).unwrap_err()), "SOMA_STATS");
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_an_error_not_unset() {
+        let value = OsString::from_vec(b"1\xff".to_vec());
+        let e = Config::from_environment([(OsString::from("SOMA_DISABLE"), value)]).unwrap_err();
+        assert_eq!(e.to_string().lines().count(), 1);
+        assert!(e.to_string().starts_with("somashim: SOMA_DISABLE=\"1\\xff\" is not valid; accepted: 0 or 1"), "{e}");
+    }
+
+    #[test]
+    fn a_misspelt_variable_names_the_closest_known_one() {
+        let e = config(&[("SOMA_DISABEL", "1")]).unwrap_err();
+        assert!(matches!(&e, ConfigError::UnknownVariable { closest: "SOMA_DISABLE", .. }), "{e:?}");
+        let message = e.to_string();
+        assert!(message.contains("SOMA_DISABEL=\"1\"") && message.contains("did you mean SOMA_DISABLE?"), "{message}");
+        let e = config(&[("SOMA_FOO", "1")]).unwrap_err();
+        assert!(matches!(e, ConfigError::UnknownVariable { closest: "SOMA_POOL", .. }), "{e:?}");
+        assert!(config(&[("SOMASHIM_LIB", "/x.so"), ("PATH", "/bin"), ("SOMA", "1")]).is_ok(), "only SOMA_* is checked");
+        assert_eq!(edit_distance(b"kitten", b"sitting"), 3);
+        assert_eq!(edit_distance(b"", b"abc"), 3);
+    }
+
+    #[test]
+    fn log_filters_are_checked() {
+        for good in ["warn", "", "off", "somashim=debug", "somashim::core::trace=TRACE", "somashim", "info,somashim=trace,"] {
+            assert_eq!(config(&[("SOMA_LOG", good)]).unwrap().log, good, "{good}");
+        }
+        for bad in ["verbose", "=", "somashim=", "=debug", "somashim=loud", "warn/regex", "other=debug", "some shim"] {
+            assert_eq!(blamed(config(&[("SOMA_LOG", bad)]).unwrap_err()), "SOMA_LOG", "{bad}");
+        }
+    }
+
+    #[test]
+    fn min_bytes_above_max_bytes_is_an_error() {
+        let e = config(&[("SOMA_MIN_BYTES", "2MiB"), ("SOMA_MAX_BYTES", "1MiB")]).unwrap_err();
+        assert_eq!(e, ConfigError::EmptySizeRange { min: "2MiB".into(), max: "1MiB".into() });
+        assert!(e.to_string().contains("SOMA_MIN_BYTES=\"2MiB\" is more than SOMA_MAX_BYTES=\"1MiB\""), "{e}");
+        assert!(config(&[("SOMA_MIN_BYTES", "1MiB"), ("SOMA_MAX_BYTES", "1MiB")]).is_ok());
+    }
+
+    #[test]
+    fn only_ascii_whitespace_is_trimmed() {
+        assert!(config(&[("SOMA_DISABLE", " 1\t")]).unwrap().disable);
+        assert_eq!(config(&[("SOMA_PENDING_FREE_LIMIT", " 4 MiB ")]).unwrap().pending_free_limit, Bytes::Exact(4 << 20));
+        for value in ["\u{a0}1", "1\u{2003}", "\u{3000}4MiB"] {
+            let variable = if value.ends_with("MiB") { "SOMA_MAX_BYTES" } else { "SOMA_DISABLE" };
+            assert_eq!(blamed(config(&[(variable, value)]).unwrap_err()), variable, "{value:?}");
+        }
     }
 
     #[test]
@@ -466,8 +638,7 @@ mod tests {
         let c = config(&[("SOMA_RELEASE_THRESHOLD", "total")]).unwrap();
         assert_eq!(c.release_threshold, Bytes::DeviceTotal);
         assert_eq!(c.release_threshold.resolve(80 << 30), 80 << 30);
-        let e = config(&[("SOMA_MAX_BYTES", "total")]).unwrap_err();
-        assert_eq!(e.variable, "SOMA_MAX_BYTES");
+        assert_eq!(blamed(config(&[("SOMA_MAX_BYTES", "total")]).unwrap_err()), "SOMA_MAX_BYTES");
     }
 
     #[test]
@@ -514,9 +685,9 @@ mod tests {
         assert!(message.contains("SOMA_RELEASE_THRESHOLD"), "{message}");
         assert!(message.contains("banana"), "{message}");
         assert!(message.contains("512MiB") && message.contains("total"), "{message}");
-        assert_eq!(config(&[("SOMA_POOL", "mine")]).unwrap_err().accepted, "own or default");
-        assert_eq!(config(&[("SOMA_FREE_SYNC", "2")]).unwrap_err().variable, "SOMA_FREE_SYNC");
-        assert_eq!(config(&[("SOMA_MEMINFO", "free")]).unwrap_err().variable, "SOMA_MEMINFO");
+        assert!(config(&[("SOMA_POOL", "mine")]).unwrap_err().to_string().ends_with("accepted: own or default"));
+        assert_eq!(blamed(config(&[("SOMA_FREE_SYNC", "2")]).unwrap_err()), "SOMA_FREE_SYNC");
+        assert_eq!(blamed(config(&[("SOMA_MEMINFO", "free")]).unwrap_err()), "SOMA_MEMINFO");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod device;
 mod model;
 #[cfg(test)]
 mod model_tests;
+pub mod output;
 pub mod passthrough;
 pub mod pending;
 pub mod ptrmap;

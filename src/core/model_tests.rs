@@ -375,8 +375,8 @@ fn violations_of(shim: &impl Shim, actions: &[Action], seed: u64) -> Vec<String>
 }
 
 fn allocator(settings: &[(&str, &str)]) -> Allocator {
-    let settings: HashMap<String, String> = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    Allocator::new(Config::from_lookup(|name| settings.get(name).cloned()).expect("valid settings"))
+    let vars = settings.iter().map(|(name, value)| (name.into(), value.into()));
+    Allocator::new(Config::from_environment(vars).expect("valid settings"))
 }
 
 fn program() -> impl Strategy<Value = (Vec<Action>, u64)> {

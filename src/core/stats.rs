@@ -49,7 +49,7 @@ pub struct Timing {
 impl Timing {
     pub fn add(&self, nanos: u64) {
         self.calls.fetch_add(1, Relaxed);
-        self.nanos.fetch_add(nanos, Relaxed);
+        add_saturating(&self.nanos, nanos);
     }
 
     fn mean_us(&self) -> Option<f64> {
@@ -115,8 +115,8 @@ impl Stats {
     pub fn pooled_alloc(&self, ordinal: i32, size: u64) -> u64 {
         let d = self.device(ordinal);
         d.pool_allocs.fetch_add(1, Relaxed);
-        d.pool_alloc_bytes.fetch_add(size, Relaxed);
-        let in_use = d.in_use.fetch_add(size, Relaxed) + size;
+        add_saturating(&d.pool_alloc_bytes, size);
+        let in_use = add_saturating(&d.in_use, size);
         d.peak_in_use.fetch_max(in_use, Relaxed);
         in_use
     }
@@ -124,21 +124,23 @@ impl Stats {
     pub fn pooled_free(&self, ordinal: i32, size: u64) -> u64 {
         let d = self.device(ordinal);
         d.pool_frees.fetch_add(1, Relaxed);
-        d.pool_free_bytes.fetch_add(size, Relaxed);
-        d.in_use.fetch_sub(size, Relaxed) - size
+        add_saturating(&d.pool_free_bytes, size);
+        let (Ok(previous) | Err(previous)) = d.in_use.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(size)));
+        previous.saturating_sub(size)
     }
 
     pub fn passed_through(&self, reason: Passthrough, size: u64) {
         let i = reason_index(reason);
         self.passed_allocs[i].fetch_add(1, Relaxed);
-        self.passed_bytes[i].fetch_add(size, Relaxed);
+        add_saturating(&self.passed_bytes[i], size);
     }
 
-    /// The exit table: one section per device that allocated, then what
-    /// passed through and the host time per call. `peaks` gives the pool's
-    /// figures for a device, where they could be read.
-    pub fn report(&self, peaks: impl Fn(i32) -> Option<PoolPeaks>) -> String {
-        let mut out = String::from("somashim statistics\n");
+    /// The exit table of process `pid`: one section per device that
+    /// allocated, then what passed through, the host time per call, and the
+    /// trace's rows that could not be written, if any. `peaks` gives the
+    /// pool's figures for a device, where they could be read.
+    pub fn report(&self, pid: u32, trace_rows_lost: u64, peaks: impl Fn(i32) -> Option<PoolPeaks>) -> String {
+        let mut out = format!("somashim statistics (pid {pid})\n");
         for (ordinal, d) in self.devices.iter().enumerate() {
             let allocs = d.pool_allocs.load(Relaxed);
             if allocs == 0 && d.oom_fallbacks.load(Relaxed) == 0 {
@@ -190,8 +192,19 @@ impl Stats {
                 let _ = writeln!(out, "  {name:<28}{us:>9.2} us  ({} calls)", timing.calls.load(Relaxed));
             }
         }
+        if trace_rows_lost > 0 {
+            let _ = writeln!(out, "trace incomplete: {trace_rows_lost} rows lost (writing it failed)");
+        }
         out
     }
+}
+
+/// Adds `n` to a byte counter and returns the sum. It stops at `u64::MAX`
+/// rather than wrapping: requests of `SIZE_MAX` bytes are real (and fail), and
+/// two of them must not read as a small figure.
+fn add_saturating(counter: &AtomicU64, n: u64) -> u64 {
+    let (Ok(previous) | Err(previous)) = counter.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_add(n)));
+    previous.saturating_add(n)
 }
 
 fn row(out: &mut String, name: &str, calls: u64, bytes: u64) {
@@ -206,9 +219,13 @@ fn figure(out: &mut String, name: &str, bytes: u64) {
     let _ = writeln!(out, "  {name:<28}{:>12}  {:>12}", "", human_bytes(bytes));
 }
 
-/// `1.5 GiB`, `256 B`: powers of 1024, as the configuration reads them.
+/// `1.5 GiB`, `256 B`: powers of 1024, as the configuration reads them. A
+/// counter that reached `u64::MAX` (it saturates) reads `>= 16.0 EiB`.
 pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes == u64::MAX {
+        return ">= 16.0 EiB".to_string();
+    }
     let mut value = bytes as f64;
     let mut unit = 0;
     while value >= 1024.0 && unit < UNITS.len() - 1 {
@@ -247,7 +264,8 @@ mod tests {
         stats.passed_through(Passthrough::SizeOutOfRange, 5 << 30);
         stats.passed_frees.fetch_add(2, Relaxed);
         stats.alloc_time.add(1500);
-        let report = stats.report(|d| (d == 1).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 }));
+        let report = stats.report(7, 0, |d| (d == 1).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 }));
+        assert!(report.starts_with("somashim statistics (pid 7)\n"), "{report}");
         assert!(report.contains("device 1\n"), "{report}");
         assert!(!report.contains("device 0\n"), "idle devices are left out: {report}");
         assert!(report.contains("pool allocations") && report.contains("3.0 MiB"), "{report}");
@@ -255,13 +273,15 @@ mod tests {
         assert!(report.contains("ZeroSize") && report.contains("SizeOutOfRange") && report.contains("5.0 GiB"));
         assert!(report.contains("frees of other pointers"), "{report}");
         assert!(report.contains("1.50 us"), "{report}");
+        assert!(!report.contains("trace incomplete"), "{report}");
+        assert!(stats.report(7, 12, |_| None).ends_with("trace incomplete: 12 rows lost (writing it failed)\n"));
     }
 
     #[test]
     fn unreadable_pool_figures_are_said_so() {
         let stats = Stats::default();
         stats.pooled_alloc(0, 1);
-        assert!(stats.report(|_| None).contains("unavailable"));
+        assert!(stats.report(7, 0, |_| None).contains("unavailable"));
     }
 
     #[test]
@@ -270,5 +290,25 @@ mod tests {
         assert_eq!(human_bytes(1023), "1023 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(1 << 30), "1.0 GiB");
+        assert_eq!(human_bytes(3 << 50), "3.0 PiB");
+        assert_eq!(human_bytes(u64::MAX), ">= 16.0 EiB");
+    }
+
+    #[test]
+    fn byte_counters_saturate_instead_of_wrapping() {
+        let stats = Stats::default();
+        stats.passed_through(Passthrough::PoolOutOfMemory, u64::MAX);
+        stats.passed_through(Passthrough::PoolOutOfMemory, u64::MAX);
+        assert_eq!(stats.passed_bytes[reason_index(Passthrough::PoolOutOfMemory)].load(Relaxed), u64::MAX);
+        assert_eq!(stats.pooled_alloc(0, u64::MAX - 1), u64::MAX - 1);
+        assert_eq!(stats.pooled_alloc(0, 2), u64::MAX, "in use stops at the top");
+        assert_eq!(stats.device(0).pool_alloc_bytes.load(Relaxed), u64::MAX);
+        assert_eq!(stats.pooled_free(1, 5), 0, "in use stops at zero");
+        stats.alloc_time.add(u64::MAX);
+        stats.alloc_time.add(u64::MAX);
+        assert_eq!(stats.alloc_time.nanos.load(Relaxed), u64::MAX);
+        let report = stats.report(7, 0, |_| None);
+        assert!(report.contains(">= 16.0 EiB"), "{report}");
+        assert!(!report.contains("TiB"), "no wrapped figure: {report}");
     }
 }

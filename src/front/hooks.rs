@@ -25,7 +25,7 @@ use crate::cuda::real::SUCCESS;
 fn allocator() -> &'static Allocator {
     static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
     ALLOCATOR.get_or_init(|| {
-        let config = match Config::from_lookup(|name| std::env::var(name).ok()) {
+        let config = match Config::from_environment(std::env::vars_os()) {
             Ok(config) => config,
             Err(error) => {
                 eprintln!("{error}");
@@ -96,9 +96,16 @@ extern "C" fn after_fork_in_parent() {
     let _ = FORK_GUARD.try_with(|slot| slot.borrow_mut().take());
 }
 
+/// In the child: the reclaimer thread did not come along, and the reports
+/// go to files of the child's own.
 extern "C" fn after_fork_in_child() {
     let _ = FORK_GUARD.try_with(|slot| slot.borrow_mut().take());
-    allocator().reclaimer.forked_child();
+    // A panic here must not unwind into libc's fork.
+    let _ = std::panic::catch_unwind(|| {
+        let allocator = allocator();
+        allocator.reclaimer.forked_child();
+        allocator.after_fork();
+    });
 }
 
 /// `cudaStreamNonBlocking` and `CU_STREAM_NON_BLOCKING`.
