@@ -1,21 +1,53 @@
 #!/usr/bin/env bash
 # Allocation-churn benchmark (`make bench`): one program, c_tests/bench/churn.cu,
-# run three ways:
+# run three ways (and three variants):
 #   real   cudaMalloc/cudaFree, natively (also with one small block kept
 #          allocated throughout: "real*")
 #   shim   the same binary under LD_PRELOAD=libsomashim.so (also with an idle
-#          non-blocking stream made at start: "shim+nb")
-#   async  hand-written cudaMallocAsync/cudaFreeAsync on one stream, pool
-#          release threshold UINT64_MAX, natively
-# and one table: per-iteration host time (alloc + 1-block kernel + free, median
-# after warm-up) for 256 B .. 1 GiB, the ratios, and the host stall of a small
-# alloc/free pair while a ~1 ms kernel runs on a non-blocking stream.
+#          non-blocking stream made at start: "shim+nb"; and with
+#          SOMA_FREE_SYNC=1: "sync")
+#   async  hand-written cudaMallocAsync/cudaFreeAsync, pool release threshold
+#          UINT64_MAX, natively
+# and two tables (scripts/bench_table.awk):
+#  1. the allocation call: per-iteration host time (alloc + 1-block kernel +
+#     free, median after warm-up) for 256 B .. 1 GiB, varying sizes (nlp),
+#     4 threads, 4 x 4 GiB on 4 streams, and the host stall of a small pair
+#     while a ~1 ms kernel runs on a non-blocking stream; the ratios, r/u;
+#  2. issue 12: the 1 MiB pair on the legacy stream with 0, 1, 8, 64, 256 idle
+#     non-blocking streams alive, and 1, 4, 8, 16 host threads (each on its
+#     own non-blocking stream, or all on the legacy stream); real, shim and
+#     async; the ratios shim/real, shim/async, shim(N streams)/shim(0);
+# then the verdict on the targets of issue 12 (ok/MISS; a miss does not fail
+# the benchmark: speed targets live here, never in timed tests).
+#
+# Every scenario runs BENCH_REPS times (default 3), each time in a fresh
+# process; the repetitions go round the whole list, so that a noisy spell of
+# a shared machine is spread over all scenarios. The tables give the median
+# of the repetitions' medians and their spread (min-max).
 #
 #   scripts/bench.sh path/to/libsomashim.so
 #
-# Needs nvcc and an NVIDIA GPU. GPU_ARCH (default sm_90) and NVCC override the
-# compiler settings; the log goes to $OUT/bench.log if OUT is set, else
-# build/gpu/bench.log. Takes one to two minutes.
+# Knobs (environment):
+#   BENCH_ONLY      extended regex; a part runs if it matches the whole name of
+#                   its group (sizes, nlp, threads, streams, 4x4G, stall) or of
+#                   the part itself (size:1048576, threads:8,
+#                   threads-legacy:16, idle-nb:256, streams4x4G, ...), e.g.
+#                   BENCH_ONLY='streams|threads'
+#   BENCH_MODES     extended regex on the whole mode name (real reallive shim
+#                   shimnb async shimsync); default all
+#   BENCH_REPS      repetitions of every scenario (default 3)
+#   BENCH_BUDGET_S  no run starts after this many seconds (default 330); the
+#                   tables then give what ran and name the rows that have
+#                   fewer repetitions
+#   BENCH_TIMEOUT   limit of each run, seconds (default 300)
+#   GPU_ARCH (default sm_90), NVCC: the compiler settings
+# SOMA_* settings in the environment reach every run (and are printed).
+#
+# Output under $OUT if set, else build/gpu: bench.log (everything printed),
+# bench.csv (the tables: one row per scenario), bench-reps.csv (every
+# repetition), bench.png (the sizes, scripts/plot_bench.py; needs matplotlib).
+# Needs nvcc and an NVIDIA GPU. Takes about 3 to 4 minutes on an H100 or H200
+# with the defaults (279 processes; most of the time is their start).
 set -uo pipefail
 # A relative shim path is taken from the caller's directory.
 [ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
@@ -25,6 +57,20 @@ NVCC=${NVCC:-nvcc}
 ARCH=${GPU_ARCH:-sm_90}
 BUILD=build/gpu
 T=${BENCH_TIMEOUT:-300}
+REPS=${BENCH_REPS:-3}
+ONLY=${BENCH_ONLY:-}
+MODES_ONLY=${BENCH_MODES:-}
+BUDGET=${BENCH_BUDGET_S:-330}
+case $REPS in '' | *[!0-9]* | 0)
+  echo "bench: BENCH_REPS must be a positive integer, not '$REPS'"
+  exit 2
+  ;;
+esac
+case $BUDGET in '' | *[!0-9]*)
+  echo "bench: BENCH_BUDGET_S must be a whole number of seconds, not '$BUDGET'"
+  exit 2
+  ;;
+esac
 
 # shellcheck source=scripts/gpu_common.sh
 . scripts/gpu_common.sh
@@ -44,13 +90,16 @@ fi
 
 echo "somashim churn benchmark, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 echo "GPU: $(nvidia-smi -L | head -n 1); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
-echo "shim: $SHIM"
-# SOMA_* settings in the environment reach the shim run (and are printed here).
+echo "shim: $SHIM (sha256 $(sha256sum "$SHIM" | cut -c1-16))"
+if REV=$(git rev-parse --short HEAD 2>/dev/null); then
+  git diff --quiet HEAD -- src c_tests/bench scripts 2>/dev/null || REV="$REV + uncommitted changes"
+  echo "source: $REV"
+fi
+echo "repetitions: $REPS of every scenario, each a fresh process; budget ${BUDGET} s${ONLY:+; BENCH_ONLY=$ONLY}${MODES_ONLY:+; BENCH_MODES=$MODES_ONLY}"
 env | grep '^SOMA_' | sed 's/^/setting: /'
 
-# Each part in a process of its own, so that no part's figures include what
-# the pool cached for an earlier one. Modes: name, environment, churn argument.
-PARTS="size:256 size:1048576 size:16777216 size:268435456 size:1073741824 nlp threads threads-legacy streams stall"
+# Each run in a process of its own, so that no figure includes what the pool
+# cached for an earlier one. Modes: name|environment|churn argument.
 MODES=(
   "real|-|real"
   "reallive|CHURN_LIVE_BLOCK=1|real"
@@ -59,82 +108,135 @@ MODES=(
   "async|-|async"
   "shimsync|SOMA_FREE_SYNC=1 LD_PRELOAD=$SHIM|real"
 )
-fail=0
-for mode in "${MODES[@]}"; do
-  IFS='|' read -r name envs arg <<<"$mode"
-  [ "$envs" = - ] && envs=
-  : >"$BUILD/bench.$name.out"
-  : >"$BUILD/bench.$name.err"
-  for part in $PARTS; do
-    # shellcheck disable=SC2086
-    timeout "$T" env $envs "$BUILD/churn" "$arg" "$part" >>"$BUILD/bench.$name.out" 2>>"$BUILD/bench.$name.err" || {
-      echo "bench: $name $part failed (exit $?)" >>"$BUILD/bench.$name.err"
-      fail=1
-    }
-  done
+# Parts: group|name|churn part|modes ("all": the six above; "rsa": real, shim
+# and async, the three of issue 12's table). threads:4 and threads-legacy:4
+# are in both tables.
+PARTS=(
+  "sizes|size:256|size:256|all"
+  "sizes|size:1048576|size:1048576|all"
+  "sizes|size:16777216|size:16777216|all"
+  "sizes|size:268435456|size:268435456|all"
+  "sizes|size:1073741824|size:1073741824|all"
+  "nlp|nlp|nlp|all"
+  "threads|threads:4|threads:4|all"
+  "threads|threads-legacy:4|threads-legacy:4|all"
+  "4x4G|streams4x4G|streams|all"
+  "stall|stall|stall|all"
+  "streams|idle-nb:0|idle-nb:0|rsa"
+  "streams|idle-nb:1|idle-nb:1|rsa"
+  "streams|idle-nb:8|idle-nb:8|rsa"
+  "streams|idle-nb:64|idle-nb:64|rsa"
+  "streams|idle-nb:256|idle-nb:256|rsa"
+  "threads|threads:1|threads:1|rsa"
+  "threads|threads:8|threads:8|rsa"
+  "threads|threads:16|threads:16|rsa"
+  "threads|threads-legacy:1|threads-legacy:1|rsa"
+  "threads|threads-legacy:8|threads-legacy:8|rsa"
+  "threads|threads-legacy:16|threads-legacy:16|rsa"
+)
+part_wanted() { [ -z "$ONLY" ] || [[ $1 =~ ^($ONLY)$ ]] || [[ $2 =~ ^($ONLY)$ ]]; }
+mode_wanted() { # mode name, the part's mode set
+  [ "$2" = all ] || [[ $1 =~ ^(real|shim|async)$ ]] || return 1
+  [ -z "$MODES_ONLY" ] || [[ $1 =~ ^($MODES_ONLY)$ ]]
+}
+RUNS=0
+for p in "${PARTS[@]}"; do
+  IFS='|' read -r group pname _ set <<<"$p"
+  part_wanted "$group" "$pname" || continue
+  for mode in "${MODES[@]}"; do mode_wanted "${mode%%|*}" "$set" && RUNS=$((RUNS + 1)); done
 done
-if [ "$fail" != 0 ]; then
-  echo "bench: a run failed:"
-  for mode in "${MODES[@]}"; do
-    name=${mode%%|*}
-    echo "--- $name:"
-    cat "$BUILD/bench.$name.out" "$BUILD/bench.$name.err"
-  done
-  exit 1
+if [ "$RUNS" = 0 ]; then
+  echo "bench: nothing selected (BENCH_ONLY='$ONLY', BENCH_MODES='$MODES_ONLY')"
+  exit 2
 fi
+echo "runs: $RUNS per repetition, $((RUNS * REPS)) in all"
+
+RAW=$BUILD/bench.raw
+: >"$RAW"
+# stderr of every run, by mode; that of the failed runs also in bench.failed
+for mode in "${MODES[@]}"; do : >"$BUILD/bench.${mode%%|*}.err"; done
+: >"$BUILD/bench.failed"
+FAILED=()
+SKIPPED=0
+START=$SECONDS
+for rep in $(seq 1 "$REPS"); do
+  rstart=$SECONDS
+  for p in "${PARTS[@]}"; do
+    IFS='|' read -r group pname arg set <<<"$p"
+    part_wanted "$group" "$pname" || continue
+    for mode in "${MODES[@]}"; do
+      IFS='|' read -r name envs prog <<<"$mode"
+      mode_wanted "$name" "$set" || continue
+      if [ $((SECONDS - START)) -ge "$BUDGET" ]; then
+        SKIPPED=$((SKIPPED + 1))
+        continue
+      fi
+      [ "$envs" = - ] && envs=
+      # shellcheck disable=SC2086 # envs: words on purpose
+      timeout "$T" env $envs "$BUILD/churn" "$prog" "$arg" >"$BUILD/bench.run.out" 2>"$BUILD/bench.run.err"
+      rc=$?
+      {
+        echo "== repetition $rep, $arg (exit status $rc)"
+        cat "$BUILD/bench.run.err"
+      } >>"$BUILD/bench.$name.err"
+      if [ "$rc" != 0 ]; then
+        FAILED+=("$name $arg (repetition $rep, exit status $rc)")
+        {
+          echo "--- $name $arg, repetition $rep, exit status $rc; stderr (last 20 lines):"
+          tail -n 20 "$BUILD/bench.run.err"
+        } >>"$BUILD/bench.failed"
+        continue
+      fi
+      grep -E '^(size|scenario) ' "$BUILD/bench.run.out" | sed "s/^/$name $rep /" >>"$RAW"
+    done
+  done
+  echo "repetition $rep of $REPS: $((SECONDS - rstart)) s"
+done
+[ "$SKIPPED" != 0 ] && echo "budget of $BUDGET s reached: $SKIPPED run(s) not started (BENCH_BUDGET_S)"
+echo "runs took $((SECONDS - START)) s"
 
 echo
-awk '
-  function human(b) {
-    if (b >= 1073741824) return sprintf("%d GiB", b / 1073741824)
-    if (b >= 1048576) return sprintf("%d MiB", b / 1048576)
-    if (b >= 1024) return sprintf("%d KiB", b / 1024)
-    return sprintf("%d B", b)
-  }
-  function ratio(a, b) { return (a > 0 && b > 0) ? sprintf("%.2fx", a / b) : "-" }
-  function ru(mode, k, in_use) { return (in_use > 0 && used[mode, k] != "") ? sprintf("%.2f", used[mode, k] / in_use) : "-" }
-  function row(name, k, in_use) {
-    r = us[1, k]; rl = us[2, k]; m = us[3, k]; mn = us[4, k]; a = us[5, k]; y = us[6, k]
-    printf "%-12s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9s %9s %9s %6s %6s %6s\n", name, r, rl, m, mn, a, y, \
-      ratio(r, m), ratio(m, a), ratio(mn, a), ru(3, k, in_use), ru(4, k, in_use), ru(5, k, in_use)
-  }
-  # 1 real, 2 real with a live block, 3 shim, 4 shim with an idle non-blocking stream, 5 async, 6 shim with SOMA_FREE_SYNC=1
-  FNR == 1 { mode++ }
-  $1 == "size"     { if (mode == 1) order[++n] = $2; us[mode, $2] = $4; used[mode, $2] = ($8 > $9 ? $8 : $9) }
-  $1 == "scenario" { if (mode == 1) sorder[++ns] = $2; us[mode, $2] = $4; used[mode, $2] = $10; inuse[$2] = $8 }
-  END {
-    printf "%-12s %8s %8s %8s %8s %8s %8s %9s %9s %9s %6s %6s %6s\n", "scenario", "real", "real*", "shim", "shim+nb", \
-      "async", "sync", "real/shim", "shim/asy", "+nb/asy", "r/u", "+nb", "async"
-    for (i = 1; i <= n; i++) { k = order[i]; row(human(k), k, (k < 1048576 ? 1048576 : k) / 1048576) }
-    for (i = 1; i <= ns; i++) { k = sorder[i]; row(k, k, inuse[k] < 1 ? 1 : inuse[k]) }
-    printf "\n"
-    printf "Figures in us: host time of one alloc+free (sizes: with a 1-block kernel between them), median after\n"
-    printf "  warm-up. real: the program natively; real*: natively with one 4 KiB block kept allocated (the real\n"
-    printf "  allocator then keeps its chunk for small sizes); shim: under LD_PRELOAD (only blocking streams in the\n"
-    printf "  size loops and nlp: the shim orders frees on the legacy stream); shim+nb: the same with an idle\n"
-    printf "  non-blocking stream made at start (the shim joins it at every free); async: rewritten with\n"
-    printf "  cudaMallocAsync/cudaFreeAsync on one stream (threshold max); sync: the shim with SOMA_FREE_SYNC=1.\n"
-    printf "nlp: 8 live blocks of 4 KiB..128 MiB, the oldest freed each time; threads4: 4 host threads churning\n"
-    printf "  1 MiB blocks, each on its own non-blocking stream; threads4-legacy: the same on the legacy stream;\n"
-    printf "  streams4x4G: four 4 GiB blocks live, one per\n"
-    printf "  non-blocking stream (time of a whole round); stall: a 256 B pair while a ~1 ms kernel runs on a\n"
-    printf "  non-blocking stream.\n"
-    printf "r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a proxy for the pool'\''s\n"
-    printf "  reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held, counted as at\n"
-    printf "  least 1 MiB; for shim, shim+nb and async (the device'\''s default pool).\n"
-  }' "$BUILD/bench.real.out" "$BUILD/bench.reallive.out" "$BUILD/bench.shim.out" "$BUILD/bench.shimnb.out" \
-  "$BUILD/bench.async.out" "$BUILD/bench.shimsync.out"
-
-# The same figures as CSV (size_bytes,mode,us_per_pair), and the plot of them.
 CSV=${OUT:-$BUILD}/bench.csv
-{
-  echo "size_bytes,mode,us_per_pair"
-  for m in real shim shimnb async; do
-    awk -v m="$m" '$1 == "size" {print $2 "," m "," $4}' "$BUILD/bench.$m.out"
-  done
-} >"$CSV"
+RAWCSV=${OUT:-$BUILD}/bench-reps.csv
+awk -v reps="$REPS" -v csv="$CSV" -v rawcsv="$RAWCSV" -f scripts/bench_table.awk "$RAW"
+cat <<'NOTES'
+
+Figures in us: host time of one alloc+free (sizes, nlp, idle-nb, threads: with a 1-block kernel
+  between them), the median of a process's iterations after warm-up. Every scenario ran in
+  BENCH_REPS fresh processes: the tables give the median of those medians, the spread table and
+  [min-max] their range, n the repetitions.
+Modes: real: the program natively; real*: natively with one 4 KiB block kept allocated (the real
+  allocator then keeps its chunk for small sizes); shim: under LD_PRELOAD (only blocking streams in
+  the size loops and nlp: the shim orders frees on the legacy stream); shim+nb: the same with an
+  idle non-blocking stream made at start (the shim joins it at every free); async: rewritten with
+  cudaMallocAsync/cudaFreeAsync (release threshold max) on one non-blocking stream (sizes, nlp,
+  stall), on the legacy stream (idle-nb, threadsN-legacy) or on each thread's own stream
+  (threadsN); sync: the shim with SOMA_FREE_SYNC=1.
+nlp: 8 live blocks of 4 KiB..128 MiB, the oldest freed each time; threadsN: N host threads each
+  churning 1 MiB blocks on its own non-blocking stream, 1000 iterations each; threadsN-legacy: the
+  same on the legacy stream; for both, the median over all threads' iterations of one iteration's
+  host time, as the thread that made it timed it (not wall time / iterations); idle-nbN: the
+  1 MiB pair on the legacy stream, median of 2000, while N idle non-blocking streams are alive
+  (made at start, in every mode); streams4x4G: four 4 GiB blocks live, one per non-blocking stream
+  (time of a whole round); stall: a 256 B pair while a ~1 ms kernel runs on a non-blocking stream.
+r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a proxy for the pool's
+  reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held, counted as at
+  least 1 MiB; for shim, shim+nb and async (the device's default pool).
+Verdicts, on the medians: shim<=real (T3): shim not slower than real; nb<=1.25x (T1): shim
+  idle-nb256 <= 1.25 x shim idle-nb0; <=1.25xasy (T2): shim <= 1.25 x async of the same shape.
+NOTES
+
 if python3 scripts/plot_bench.py "$CSV" "${OUT:-$BUILD}/bench.png" >/dev/null 2>&1; then
-  echo "csv: $CSV; plot: ${OUT:-$BUILD}/bench.png"
+  echo "csv: $CSV, $RAWCSV; plot: ${OUT:-$BUILD}/bench.png"
 else
-  echo "csv: $CSV (no plot: scripts/plot_bench.py needs matplotlib)"
+  echo "csv: $CSV, $RAWCSV (no plot: scripts/plot_bench.py needs matplotlib, and the sizes)"
 fi
+
+if [ "${#FAILED[@]}" != 0 ]; then
+  echo
+  echo "bench: ${#FAILED[@]} run(s) failed (their rows have fewer repetitions):"
+  printf '  %s\n' "${FAILED[@]}"
+  head -n 120 "$BUILD/bench.failed"
+  exit 1
+fi
+exit 0

@@ -3,7 +3,24 @@
 
     python3 scripts/plot_bench.py bench.csv bench.png [--title TEXT] [--ylabel TEXT]
 
-Input: CSV text with the header line
+Input: CSV text in one of three layouts. What `make bench` writes now:
+
+  bench.csv (the table, one row per scenario), header
+
+    scenario,group,size_bytes,reps,real_us,real_min_us,real_max_us,...,shim_us,...
+
+  where the rows with a size_bytes are plotted: for each mode M among real, shim,
+  shimnb and async, M_us (the median of the repetitions) as the point and
+  M_min_us..M_max_us (their range) as the error bar; the other columns and rows
+  (threads, idle streams, ...) are ignored;
+
+  bench-reps.csv (every repetition), header
+
+    scenario,size_bytes,mode,rep,us_per_pair,...
+
+  where each row with a size_bytes is one measurement;
+
+and the older layout (earlier runs, e.g. docs/bench.csv), header
 
     size_bytes,mode,us_per_pair
 
@@ -24,9 +41,10 @@ and one row per measurement, e.g.
 
 Rows with the same size and mode (repetitions) are summarized by their median, and
 their range is drawn as an error bar. Lines starting with '#', blank lines, the
-header, and any line that is not exactly three fields of that form are skipped, so
-the CSV may be embedded in a longer log; the count of skipped non-blank lines is
-printed. "-" reads standard input.
+header, and any line that is not of the layout of the last header seen (before any
+header: exactly three fields of the older layout) are skipped, so the CSV may be
+embedded in a longer log; the count of skipped non-blank lines is printed. "-" reads
+standard input.
 
 Output: a PNG, log-log, time per pair against size, one line per mode; below it, when
 real and shim are both present, the speed-up real/shim per size (and shim/async).
@@ -54,31 +72,75 @@ def human(n):
     return f"{n:g} B"
 
 
+WIDE_MODES = ["real", "shim", "shimnb", "async"]
+
+
+def _positive(text):
+    v = float(text)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(text)
+    return v
+
+
 def read_rows(lines):
     """-> ({mode: {size: [us, ...]}}, skipped count)."""
     data = {}
     skipped = 0
+    # The layout: "long" (size_bytes, mode, us_per_pair columns) or "wide"
+    # (size_bytes and <mode>_us[, _min_us, _max_us] columns), with the column
+    # indexes; before any header, the older three-field layout.
+    layout, cols, ncols = "long", {"size_bytes": 0, "mode": 1, "us_per_pair": 2}, 3
     for raw in lines:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         fields = [f.strip() for f in line.split(",")]
-        if fields == ["size_bytes", "mode", "us_per_pair"]:
-            continue
-        if len(fields) != 3:
+        if "size_bytes" in fields:  # a header
+            names = {name: i for i, name in enumerate(fields)}
+            ncols = len(fields)
+            if "mode" in names and "us_per_pair" in names:
+                layout, cols = "long", names
+                continue
+            if any(m + "_us" in names for m in WIDE_MODES):
+                layout, cols = "wide", names
+                continue
             skipped += 1
             continue
+        if len(fields) != ncols:
+            skipped += 1
+            continue
+        size_text = fields[cols["size_bytes"]]
+        if layout == "wide" and size_text == "":
+            continue  # a scenario other than a size: not plotted
+        if layout == "long" and size_text == "" and ncols > 3:
+            continue  # bench-reps.csv: a scenario other than a size
         try:
-            size = int(float(fields[0]))
-            us = float(fields[2])
+            size = int(float(size_text))
+            if size <= 0:
+                raise ValueError(size_text)
+            if layout == "long":
+                mode = fields[cols["mode"]]
+                if not mode:
+                    raise ValueError(mode)
+                data.setdefault(mode, {}).setdefault(size, []).append(_positive(fields[cols["us_per_pair"]]))
+                continue
+            got = {}
+            for m in WIDE_MODES:
+                i = cols.get(m + "_us")
+                if i is None or fields[i] == "":
+                    continue
+                vals = [_positive(fields[i])]
+                for extra in ("_min_us", "_max_us"):
+                    j = cols.get(m + extra)
+                    if j is not None and fields[j] != "":
+                        vals.append(_positive(fields[j]))
+                got[m] = vals
         except ValueError:
             skipped += 1
             continue
-        mode = fields[1]
-        if size <= 0 or not mode or not math.isfinite(us) or us <= 0:
-            skipped += 1
-            continue
-        data.setdefault(mode, {}).setdefault(size, []).append(us)
+        for m, vals in got.items():
+            # [median, min, max]: their median is the median, their range the range
+            data.setdefault(m, {}).setdefault(size, []).extend(vals)
     return data, skipped
 
 
@@ -149,7 +211,8 @@ def plot(data, output, title, ylabel=""):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("input", help="CSV file (size_bytes,mode,us_per_pair), or - for standard input")
+    p.add_argument("input", help="CSV file (bench.csv, bench-reps.csv or size_bytes,mode,us_per_pair), "
+                   "or - for standard input")
     p.add_argument("output", help="PNG file to write")
     p.add_argument("--title", default="", help="plot title")
     p.add_argument("--ylabel", default="", help="y-axis label (default: host time per alloc/free pair (us))")
@@ -166,10 +229,10 @@ def main(argv=None):
     data, skipped = read_rows(lines)
     rows = sum(len(v) for sizes in data.values() for v in sizes.values())
     if skipped:
-        print(f"plot_bench: skipped {skipped} line(s) that are not size_bytes,mode,us_per_pair rows")
+        print(f"plot_bench: skipped {skipped} line(s) that are not rows of a known layout")
     if not rows:
-        print(f"plot_bench: no rows read from {args.input} (expected the header size_bytes,mode,us_per_pair)",
-              file=sys.stderr)
+        print(f"plot_bench: no size rows read from {args.input} (expected bench.csv, bench-reps.csv or "
+              "the header size_bytes,mode,us_per_pair)", file=sys.stderr)
         return 1
     plot(data, args.output, args.title, args.ylabel)
     counts = ", ".join(f"{m}: {len(data[m])} sizes" for m in data)

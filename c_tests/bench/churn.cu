@@ -16,8 +16,10 @@
  * Environment: CHURN_LIVE_BLOCK=1 keeps one 4 KiB block allocated throughout;
  * CHURN_IDLE_STREAM=1 makes an idle non-blocking stream before the size
  * loops (the shim then orders frees after it too; without one, on the legacy
- * stream); CHURN_THREADS=n sets the number of host threads of the
- * threads parts (default 4). A second argument runs one part only (see main).
+ * stream); CHURN_THREADS=n sets the number of host threads of the parts
+ * threads and threads-legacy (default 4; threads:<n> and threads-legacy:<n>
+ * name it in the part instead). A second argument runs one part only (see
+ * main).
  *
  * Scenarios after the size loops (host time of one alloc+free pair, median):
  *   nlp        varying sizes as NLP workloads make: 8 blocks live in a ring,
@@ -26,7 +28,15 @@
  *   threads4   4 host threads, each churning 1 MiB blocks on its own
  *              non-blocking stream
  *   threads4-legacy  the same, all on the legacy stream (tells the cost of
- *              many threads from that of many streams)
+ *              many threads from that of many streams); threads<n> and
+ *              threads<n>-legacy: n threads (1..16), 1000 iterations each; the
+ *              figure is the median over all threads' iterations of each
+ *              iteration's host time (alloc + kernel + free, timed by the
+ *              thread that makes it), not wall time / iterations
+ *   idle-nb<n> a 1 MiB alloc / 1-block kernel / free on the legacy stream
+ *              (async: cudaMallocAsync/cudaFreeAsync on the legacy stream)
+ *              while n idle non-blocking streams are alive, made before the
+ *              loop; median of 2000 after 100 of warm-up
  *   streams4x4G  4 blocks of 4 GiB live at once, one per non-blocking stream,
  *              a kernel on each, then all freed (time of the whole round)
  *   stall      the host stall (above)
@@ -117,6 +127,7 @@ static void scenario_nlp(cudaStream_t s, long long base, double *t) {
     alloc_on(&ring[slot], n, s);
     touch<<<1, 32, 0, s>>>((unsigned *)ring[slot], (unsigned)r);
     double dt = now_us() - t0;
+    CK(cudaGetLastError()); /* the launch's error, if any (outside the timed part) */
     live += (double)n - (double)ring_size[slot];
     ring_size[slot] = n;
     if (r >= 0) {
@@ -131,7 +142,9 @@ static void scenario_nlp(cudaStream_t s, long long base, double *t) {
 }
 
 /* threads4: four host threads churning 1 MiB blocks on their own streams,
- * or (`legacy`) all on the legacy stream; CHURN_THREADS=n: n threads. */
+ * or (`legacy`) all on the legacy stream; `nthreads` (1..16) threads, 0: the
+ * default (CHURN_THREADS, else 4). Every thread times each of its iterations;
+ * the figure is the median over all threads' iterations. */
 enum { MAX_THREADS = 16, THREAD_REPS = 1000 };
 static double g_thread_times[MAX_THREADS * THREAD_REPS];
 static int g_threads = 4, g_thread_legacy = 0;
@@ -146,19 +159,34 @@ static void *churn_thread(void *arg) {
     alloc_on(&p, 1 << 20, s);
     touch<<<1, 32, 0, s>>>((unsigned *)p, (unsigned)r);
     release_on(p, s);
-    if (r >= 0) g_thread_times[id * THREAD_REPS + r] = now_us() - t0;
+    double dt = now_us() - t0;
+    CK(cudaGetLastError());
+    if (r >= 0) g_thread_times[id * THREAD_REPS + r] = dt;
   }
   CK(cudaStreamSynchronize(s));
   if (s) CK(cudaStreamDestroy(s));
   return NULL;
 }
-static void scenario_threads(long long base, int legacy) {
+static void scenario_threads(long long base, int legacy, int nthreads) {
   const char *n = getenv("CHURN_THREADS");
   if (n && atoi(n) > 0 && atoi(n) <= MAX_THREADS) g_threads = atoi(n);
+  if (nthreads > 0) g_threads = nthreads;
   g_thread_legacy = legacy;
   pthread_t th[MAX_THREADS];
-  for (int i = 0; i < g_threads; i++) pthread_create(&th[i], NULL, churn_thread, (void *)(intptr_t)i);
-  for (int i = 0; i < g_threads; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < g_threads; i++) {
+    int rc = pthread_create(&th[i], NULL, churn_thread, (void *)(intptr_t)i);
+    if (rc != 0) {
+      fprintf(stderr, "pthread_create: %s\n", strerror(rc));
+      exit(1);
+    }
+  }
+  for (int i = 0; i < g_threads; i++) {
+    int rc = pthread_join(th[i], NULL);
+    if (rc != 0) {
+      fprintf(stderr, "pthread_join: %s\n", strerror(rc));
+      exit(1);
+    }
+  }
   long long used = used_now() - base;
   CK(cudaDeviceSynchronize());
   char name[32];
@@ -183,11 +211,46 @@ static void scenario_streams(long long base, double *t) {
     if (used_now() - base > peak_used) peak_used = used_now() - base;
     for (int i = 0; i < N; i++) release_on(b[i], st[i]);
     double dt = now_us() - t0;
+    CK(cudaGetLastError());
     if (r >= 0) t[r] = dt;
   }
   CK(cudaDeviceSynchronize());
   for (int i = 0; i < N; i++) CK(cudaStreamDestroy(st[i]));
   report("streams4x4G", t, REPS, (double)N * size, peak_used);
+}
+
+/* idle-nb<n>: the 1 MiB pair on the legacy stream while `nstreams` idle
+ * non-blocking streams are alive (made here, before the loop). The async
+ * program allocates and frees on the legacy stream too, so the same streams
+ * exist in every mode and the pair has the same shape. */
+static void scenario_idle_nb(int nstreams, long long base, double *t) {
+  enum { REPS = 2000, WARM = 100 };
+  cudaStream_t *st = (cudaStream_t *)calloc(nstreams > 0 ? nstreams : 1, sizeof *st);
+  if (!st) {
+    fprintf(stderr, "out of host memory\n");
+    exit(1);
+  }
+  for (int i = 0; i < nstreams; i++) CK(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking));
+  long long peak_used = 0;
+  for (int r = -WARM; r < REPS; r++) {
+    void *p = NULL;
+    double t0 = now_us();
+    alloc_on(&p, 1 << 20, 0);
+    touch<<<1, 32>>>((unsigned *)p, (unsigned)r);
+    release_on(p, 0);
+    double dt = now_us() - t0;
+    CK(cudaGetLastError());
+    if (r >= 0) {
+      t[r] = dt;
+      if (r % 50 == 0 && used_now() - base > peak_used) peak_used = used_now() - base;
+    }
+  }
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < nstreams; i++) CK(cudaStreamDestroy(st[i]));
+  free(st);
+  char name[32];
+  snprintf(name, sizeof name, "idle-nb%d", nstreams);
+  report(name, t, REPS, 1048576.0, peak_used);
 }
 
 /* One size's loop: alloc, kernel, free on the legacy stream (or on s, async). */
@@ -206,6 +269,7 @@ static void churn_size(size_t n, int reps, cudaStream_t s, long long base, doubl
       CK(cudaFree(p));
     }
     double dt = now_us() - t0;
+    CK(cudaGetLastError());
     if (r >= 0) t[r] = dt;
   }
   long long loop = used_now() - base;
@@ -243,15 +307,37 @@ static int flag(const char *name) {
   return v && *v && strcmp(v, "0") != 0;
 }
 
-/* churn real|async [PART]: PART is size:<bytes>, nlp, threads,
- * threads-legacy, streams or stall; without one, every part in turn in this
- * process (then the pool keeps what earlier parts cached, and the memory
- * figures of later parts include it). */
+/* "<prefix><n>" with 0 <= n <= max: n; else -1. */
+static int part_number(const char *part, const char *prefix, int max) {
+  size_t k = strlen(prefix);
+  if (!part || strncmp(part, prefix, k) != 0 || !part[k]) return -1;
+  char *end = NULL;
+  long v = strtol(part + k, &end, 10);
+  if (*end || v < 0 || v > max) return -1;
+  return (int)v;
+}
+
+/* churn real|async [PART]: PART is size:<bytes>, nlp, threads[:<n>],
+ * threads-legacy[:<n>], streams, stall or idle-nb:<n>; without one, every
+ * part in turn in this process (threads with CHURN_THREADS or 4, idle-nb with
+ * 0, 1, 8, 64, 256; then the pool keeps what earlier parts cached, and the
+ * memory figures of later parts include it). */
 int main(int argc, char **argv) {
   g_async = argc > 1 && strcmp(argv[1], "async") == 0;
   const char *part = argc > 2 ? argv[2] : NULL;
   if (argc < 2 || argc > 3 || (!g_async && strcmp(argv[1], "real") != 0)) {
-    fprintf(stderr, "usage: %s real|async [size:<bytes>|nlp|threads|threads-legacy|streams|stall]\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s real|async [size:<bytes>|nlp|threads[:<n>]|threads-legacy[:<n>]|streams|stall|idle-nb:<n>]\n",
+            argv[0]);
+    return 2;
+  }
+  int threads_n = part_number(part, "threads:", MAX_THREADS);
+  int threads_legacy_n = part_number(part, "threads-legacy:", MAX_THREADS);
+  int idle_nb_n = part_number(part, "idle-nb:", 4096);
+  if ((part && strncmp(part, "threads:", 8) == 0 && threads_n < 1) ||
+      (part && strncmp(part, "threads-legacy:", 15) == 0 && threads_legacy_n < 1) ||
+      (part && strncmp(part, "idle-nb:", 8) == 0 && idle_nb_n < 0)) {
+    fprintf(stderr, "%s: bad part '%s' (threads: 1..%d, idle-nb: 0..4096)\n", argv[0], part, (int)MAX_THREADS);
     return 2;
   }
   const size_t sizes[] = {256, 1ULL << 20, 16ULL << 20, 256ULL << 20, 1ULL << 30};
@@ -264,7 +350,11 @@ int main(int argc, char **argv) {
   cudaStream_t s = 0, busy = 0;
   if (idle_stream) CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
   if (g_async) {
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    /* The async sizes, nlp and stall loops run on a non-blocking stream of
+     * their own; the other parts make the streams they use, and an extra
+     * stream would change their shape. */
+    if (!part || strncmp(part, "size:", 5) == 0 || strcmp(part, "nlp") == 0 || strcmp(part, "stall") == 0)
+      CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaMemPool_t pool;
     CK(cudaDeviceGetDefaultMemPool(&pool, 0));
     uint64_t thr = UINT64_MAX;
@@ -286,6 +376,10 @@ int main(int argc, char **argv) {
   CK(cudaFreeHost(pinned));
   long long base = used_now();
   double *t = (double *)malloc(sizeof(double) * 4000);
+  if (!t) {
+    fprintf(stderr, "out of host memory\n");
+    return 1;
+  }
 
   int ran = 0;
   for (int si = 0; si < 5; si++) {
@@ -300,16 +394,24 @@ int main(int argc, char **argv) {
     scenario_nlp(s, base, t);
     ran++;
   }
-  if (!part || strcmp(part, "threads") == 0) {
-    scenario_threads(base, 0);
+  if (!part || strcmp(part, "threads") == 0 || threads_n > 0) {
+    scenario_threads(base, 0, threads_n);
     ran++;
   }
-  if (!part || strcmp(part, "threads-legacy") == 0) {
-    scenario_threads(base, 1);
+  if (!part || strcmp(part, "threads-legacy") == 0 || threads_legacy_n > 0) {
+    scenario_threads(base, 1, threads_legacy_n);
     ran++;
   }
   if (!part || strcmp(part, "streams") == 0) {
     scenario_streams(base, t);
+    ran++;
+  }
+  if (!part) {
+    const int idle[] = {0, 1, 8, 64, 256};
+    for (int i = 0; i < 5; i++) scenario_idle_nb(idle[i], base, t);
+    ran++;
+  } else if (idle_nb_n >= 0) {
+    scenario_idle_nb(idle_nb_n, base, t);
     ran++;
   }
   if (!part || strcmp(part, "stall") == 0) {
