@@ -185,9 +185,10 @@ impl Allocator {
         if quiet && !self.reclaimer.running() {
             self.reclaim(driver, device, Wait::No); // no thread does it
         }
-        if quiet && device.over_pending_limit() {
+        let in_use = counters.in_use.load(Ordering::Relaxed);
+        if quiet && device.over_pending_limit(in_use) {
             counters.pending_waits.fetch_add(1, Ordering::Relaxed);
-            self.reclaim(driver, device, Wait::UnderLimit);
+            self.reclaim(driver, device, Wait::UnderLimit(in_use));
         }
         match device.alloc(driver, size, quiet, false) {
             Err(AllocFailure::OutOfMemory) if quiet => {
@@ -221,21 +222,19 @@ impl Allocator {
     /// progress (a join records on the legacy stream and on the program's).
     fn reclaim_all(&self, driver: &impl Gpu) -> Activity {
         let captures = read(&self.captures);
-        let devices: Vec<Arc<Device>> = read(&self.devices)
-            .iter()
-            .filter_map(|slot| match slot {
-                DeviceSlot::Pooled(device) => Some(Arc::clone(device)),
-                _ => None,
-            })
-            .collect();
         let mut activity = Activity::Idle;
-        for device in devices {
+        for device in self.pooled_devices() {
             let (pending, cached) = device.holds_frees();
             if !pending && !cached {
                 continue;
             }
             if !captures.is_empty() {
                 activity = Activity::Pending; // joined once the capture ends
+                continue;
+            }
+            if !self.is_current_incarnation(driver, device.ordinal, None) {
+                // Reset by a path the shim does not see: the program's next
+                // call into the device forgets it; its streams are gone.
                 continue;
             }
             match driver.with_context(device.context, || self.reclaim(driver, &device, Wait::No)) {
@@ -482,6 +481,17 @@ impl Allocator {
         }
     }
 
+    fn pooled_devices(&self) -> Vec<Arc<Device>> {
+        let devices = read(&self.devices);
+        devices
+            .iter()
+            .filter_map(|slot| match slot {
+                DeviceSlot::Pooled(device) => Some(Arc::clone(device)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The pooled device whose primary context is `context`, if any.
     fn pooled_device_of(&self, context: Context) -> Option<Arc<Device>> {
         read(&self.devices).iter().find_map(|slot| match slot {
@@ -599,8 +609,7 @@ impl Allocator {
         log::debug!("non-blocking stream {:?} made: {} live in its context", stream.0, streams.len());
         if let Some(device) = self.pooled_device_of(context) {
             // A host wait on the legacy stream would break a global capture.
-            let host_may_wait = !self.capture_in_progress();
-            if let Err(e) = device.leave_legacy_stream(driver, stream, host_may_wait) {
+            if let Err(e) = device.leave_legacy_stream(driver, stream, self.capture_in_progress()) {
                 log::warn!("device {}: waiting for the legacy stream failed: {e:?}", device.ordinal);
             }
         }
@@ -633,8 +642,16 @@ impl Allocator {
     }
 
     /// Runs the real `begin` with captures locked, recording it if it succeeded.
-    pub fn begin_capture(&self, stream: Stream, begin: impl FnOnce() -> bool) {
+    pub fn begin_capture(&self, driver: Option<&impl Gpu>, stream: Stream, begin: impl FnOnce() -> bool) {
         let mut captures = write(&self.captures);
+        if let (true, Some(driver)) = (captures.is_empty(), driver) {
+            for device in self.pooled_devices() {
+                let marked = driver.with_context(device.context, || device.mark_before_capture(driver));
+                if let Err(e) = marked.and_then(|r| r) {
+                    log::warn!("device {}: marking the legacy stream before a capture failed: {e:?}", device.ordinal);
+                }
+            }
+        }
         if begin() {
             *captures.entry(capture_key(stream)).or_insert(0) += 1;
         }
@@ -694,6 +711,7 @@ impl Allocator {
             }
         };
         let live = self.map.take_device(ordinal);
+        self.stats.no_longer_in_use(ordinal, live.iter().map(|(_, block)| block.size).sum());
         let deferred: Vec<u64> = {
             let mut deferred = lock(&self.deferred);
             let (of_device, others) = deferred.drain(..).partition(|(_, block)| block.device == ordinal);

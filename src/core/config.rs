@@ -244,8 +244,8 @@ pub static VARIABLES: &[Variable] = &[
     Variable {
         name: "SOMA_PENDING_FREE_LIMIT",
         kind: Kind::Size { allow_total: true },
-        default: "total",
-        doc: "Bytes freed but not yet passed by the GPU, per device, before cudaMalloc waits for them (total: only when out of memory).",
+        default: "256MiB",
+        doc: "Bytes freed and not yet reused, per device, beyond what the program holds, before cudaMalloc waits for them instead of growing the pool.",
         store: store!(pending_free_limit, Size),
     },
     Variable {
@@ -393,6 +393,18 @@ impl Config {
     }
 
     /// Whether a request of `size` bytes is in the range the pool serves.
+    /// In a process forked from the one that loaded the shim, before it
+    /// reports anything: its trace and statistics files are `<path>.<pid>`,
+    /// never the parent's.
+    pub fn for_forked_child(&mut self, pid: u32) {
+        if let Some(path) = &mut self.trace {
+            *path = super::output::in_child(path, pid);
+        }
+        if let StatsOutput::File(path) = &mut self.stats {
+            *path = super::output::in_child(path, pid);
+        }
+    }
+
     pub fn pools_size(&self, size: u64) -> bool {
         size >= self.min_bytes && size <= self.max_bytes
     }
@@ -543,7 +555,7 @@ mod tests {
         assert_eq!((c.min_bytes, c.max_bytes), (1, u64::MAX));
         assert!(!c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Join);
-        assert_eq!(c.pending_free_limit, Bytes::DeviceTotal);
+        assert_eq!(c.pending_free_limit, Bytes::Exact(256 << 20));
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
         assert_eq!(c.meminfo, MemInfo::Real);

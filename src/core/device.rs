@@ -9,9 +9,8 @@
 //! and they wait for it, so a block freed there is reused at once, in order,
 //! by the next allocation there, as `cudaMallocAsync` reuses on one stream.
 //! The one stream that would not be ordered is a non-blocking stream made
-//! later: before one is, the host waits for the legacy work issued before
-//! the last free (the *legacy free mark*). That work was finished when the
-//! real `cudaFree` returned, so this waits no longer than the program did.
+//! later: before one is, the host waits for the legacy stream's work (the
+//! real `cudaFree` had waited for the part of it issued before each free).
 //!
 //! *Non-blocking streams too*, `SOMA_FREE_ORDER=barrier`: frees stay on the
 //! legacy stream, and the non-blocking streams are ordered by waits on the
@@ -27,9 +26,11 @@
 //! cross-stream event wait, so freeing in GPU order would make the pool grow
 //! instead; see docs/FACTS.md, "Reuse across streams".)
 //!
-//! Pending bytes are bounded by `SOMA_PENDING_FREE_LIMIT` (by default the
-//! device's memory): past it, and when the pool is out of memory, an
-//! allocation waits on the host for the oldest frees.
+//! Freed blocks not yet handed out again (pending or cached) may exceed
+//! what the program holds by `SOMA_PENDING_FREE_LIMIT` at most before the
+//! pool grows: past that, and when the pool is out of memory, an allocation
+//! gives the cache back to the pool and waits on the host for the oldest
+//! frees. So the pool stays within about twice the program's peak.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::AtomicBool;
@@ -39,7 +40,7 @@ use super::config::{Config, FreeOrder, PoolChoice};
 use super::pending::{PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::stats::{DeviceCounters, PoolPeaks};
-use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream};
+use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, CONTEXT_IS_DESTROYED};
 
 pub struct Device {
     pub ordinal: i32,
@@ -56,7 +57,8 @@ pub struct Device {
     /// No non-blocking stream at the last free: allocations and frees go on
     /// the legacy stream.
     on_legacy_stream: AtomicBool,
-    /// Recorded on the legacy stream before each free made there.
+    /// Recorded on the legacy stream where a non-blocking stream must wait
+    /// for the work before frees made there (see `leave_legacy_stream`).
     legacy_free_mark: Event,
     order: FreeOrder,
     internal_deps: bool,
@@ -80,8 +82,8 @@ pub enum AllocFailure {
 pub enum Wait {
     /// Never (the reclaimer): join, collect what has passed, age the cache.
     No,
-    /// Until pending bytes are back under the limit.
-    UnderLimit,
+    /// Until held bytes are back under the limit, given the bytes in use.
+    UnderLimit(u64),
     /// Until every free has passed, and give the cache back to the pool
     /// (out of memory).
     All,
@@ -142,8 +144,15 @@ impl Device {
         self.pending.take_cached(size)
     }
 
-    pub fn over_pending_limit(&self) -> bool {
-        self.pending.pending_bytes() > self.pending_free_limit
+    /// Whether the blocks freed and not yet handed out again (pending or
+    /// cached) exceed both the limit and what the program holds (`in_use`):
+    /// then the pool grows no further before this thread reclaims them.
+    pub fn over_pending_limit(&self, in_use: u64) -> bool {
+        self.held_bytes() > self.pending_free_limit.max(in_use)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.pending.pending_bytes() + self.pending.cached_bytes()
     }
 
     /// A block of `size` bytes from the pool, usable at once from every
@@ -187,7 +196,7 @@ impl Device {
     pub fn reclaim(&self, driver: &impl Gpu, after: &Predecessors, map: &PointerMap, wait: Wait, counters: &DeviceCounters) -> bool {
         let reclaiming = match wait {
             Wait::No => self.pending.try_reclaiming(),
-            Wait::UnderLimit | Wait::All => Some(self.pending.reclaiming()),
+            Wait::UnderLimit(_) | Wait::All => Some(self.pending.reclaiming()),
         };
         let Some(mut r) = reclaiming else {
             return self.pending.busy(); // another thread is at it
@@ -197,14 +206,19 @@ impl Device {
                 counters.joins.fetch_add(1, Relaxed);
             }
             Ok(false) => {}
+            // A reset the shim does not see (the static runtime's) destroys the
+            // context under the reclaimer: the program's next call notices it.
+            Err(e) if e == CONTEXT_IS_DESTROYED => log::debug!("device {}: context destroyed", self.ordinal),
             Err(e) => log::warn!("device {}: ordering frees after earlier work failed: {e:?}", self.ordinal),
         }
         self.pending.collect_passed(&mut r, driver);
         let to_pool = |ptr| self.return_to_pool(driver, ptr);
         match wait {
             Wait::No => self.pending.release_cached(false, map, to_pool),
-            Wait::UnderLimit => {
-                while self.over_pending_limit() && self.wait_oldest(&mut r, driver) {}
+            Wait::UnderLimit(in_use) => {
+                // Cached blocks of other sizes are of use to the pool, not to this request.
+                self.pending.release_cached(true, map, to_pool);
+                while self.over_pending_limit(in_use) && self.wait_oldest(&mut r, driver) {}
             }
             Wait::All => {
                 while self.wait_oldest(&mut r, driver) {}
@@ -278,13 +292,17 @@ impl Device {
         for tail in after.tails {
             driver.wait_event(Stream::LEGACY, *tail)?;
         }
-        // The mark covers all the work before the free (the free is no work).
-        // Frees of several threads may record it at once. A wait binds to the
-        // latest record, which covers this free's work and perhaps that of a
-        // concurrent free: still only work issued before a free.
-        driver.record(self.legacy_free_mark, Stream::LEGACY)?;
-        for stream in after.nonblocking {
-            driver.wait_event(*stream, self.legacy_free_mark)?;
+        if !after.nonblocking.is_empty() {
+            // The mark covers all the work before the free (the free is no
+            // work). Frees of several threads may record it at once. A wait
+            // binds to the latest record, which covers this free's work and
+            // perhaps that of a concurrent free: still only work issued
+            // before a free. (With only blocking streams nothing waits for
+            // it: a record per free would make threads queue on the event.)
+            driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+            for stream in after.nonblocking {
+                driver.wait_event(*stream, self.legacy_free_mark)?;
+            }
         }
         // Last: if anything above failed, the block stays allocated (never reused unsafely).
         map.returned(ptr);
@@ -299,28 +317,42 @@ impl Device {
 
     /// The non-blocking stream `made` is new: from now on frees are joined,
     /// and it must not use a block reused on the legacy stream before the
-    /// work that block was freed after has finished. The host waits for that
-    /// work (the real `cudaFree` did, when the program freed the block), so
-    /// the new stream starts idle, as it would without the shim. While a
-    /// capture forbids host waits on the legacy stream, the new stream waits
-    /// on the GPU instead (legal in every capture mode: `made` is not capturing).
-    pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, host_may_wait: bool) -> CuResult<()> {
-        self.on_legacy_stream.store(false, Relaxed);
-        if host_may_wait {
-            driver.wait_for(self.legacy_free_mark)
-        } else {
-            driver.wait_event(made, self.legacy_free_mark)
+    /// work that block was freed after has finished. If blocks were reused
+    /// there, the host waits for the legacy stream's work so far (the real
+    /// `cudaFree` had waited for the part of it before each free), so the new
+    /// stream starts idle, as it would without the shim. While a capture
+    /// forbids touching the legacy stream, the new stream waits on the GPU
+    /// for the mark recorded when the first capture began (legacy frees are
+    /// deferred during captures, so it covers them all).
+    pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<()> {
+        if !self.on_legacy_stream.swap(false, Relaxed) {
+            return Ok(()); // frees were already joined: none was reused on the legacy stream
         }
+        if capturing {
+            return driver.wait_event(made, self.legacy_free_mark);
+        }
+        driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+        driver.wait_for(self.legacy_free_mark)
+    }
+
+    /// A first capture is about to begin: marks the legacy stream's work so
+    /// far, for a non-blocking stream made during it (`leave_legacy_stream`).
+    /// The device's context must be current.
+    pub fn mark_before_capture(&self, driver: &impl Gpu) -> CuResult<()> {
+        if !self.on_legacy_stream.load(Relaxed) {
+            return Ok(());
+        }
+        driver.record(self.legacy_free_mark, Stream::LEGACY)
     }
 
     /// The program freed one of the pool's blocks itself (`cudaFreeAsync`).
     /// On the legacy stream the pool may hand it out again in that stream's
-    /// order, so every non-blocking stream must wait for the work before that
-    /// free as it waits for the shim's own frees there: the live ones on the
-    /// GPU (`after`), one made later through the legacy free mark. The
-    /// device's context must be current, and no capture in progress.
+    /// order, so the live non-blocking streams (`after`, under `barrier`)
+    /// must wait for the work before that free as they wait for the shim's
+    /// own frees there. (A stream made later waits anyway.) The device's
+    /// context must be current, and no capture in progress.
     pub fn program_freed(&self, driver: &impl Gpu, after: &Predecessors) -> CuResult<()> {
-        if !self.on_legacy_stream.load(Relaxed) {
+        if !self.on_legacy_stream.load(Relaxed) || after.nonblocking.is_empty() {
             return Ok(()); // the pool stream reuses it only once the GPU has passed the free
         }
         driver.record(self.legacy_free_mark, Stream::LEGACY)?;

@@ -38,8 +38,9 @@ trait Shim {
     fn begin_capture(&self, gpu: &SimGpu, stream: Stream, mode: CaptureMode) -> bool;
     fn end_capture(&self, gpu: &SimGpu, stream: Stream);
     fn reset(&self, gpu: &SimGpu);
-    /// What the shim promises about frees whose work is not yet done.
-    fn pending_bound(&self) -> u64;
+    /// What the shim promises about frees whose work is not yet done, when
+    /// the program holds `in_use` bytes of the pool.
+    fn pending_bound(&self, in_use: u64) -> u64;
 }
 
 impl Shim for Allocator {
@@ -72,7 +73,7 @@ impl Shim for Allocator {
 
     fn begin_capture(&self, gpu: &SimGpu, stream: Stream, mode: CaptureMode) -> bool {
         let mut began = false;
-        Allocator::begin_capture(self, stream, || {
+        Allocator::begin_capture(self, Some(gpu), stream, || {
             began = gpu.begin_capture(stream, mode);
             began
         });
@@ -88,8 +89,8 @@ impl Shim for Allocator {
         gpu.reset();
     }
 
-    fn pending_bound(&self) -> u64 {
-        self.config.pending_free_limit.resolve(CAPACITY)
+    fn pending_bound(&self, in_use: u64) -> u64 {
+        self.config.pending_free_limit.resolve(CAPACITY).max(in_use)
     }
 }
 
@@ -121,7 +122,7 @@ impl Shim for NaiveShim {
     fn reset(&self, gpu: &SimGpu) {
         gpu.reset();
     }
-    fn pending_bound(&self) -> u64 {
+    fn pending_bound(&self, _: u64) -> u64 {
         u64::MAX
     }
 }
@@ -342,7 +343,9 @@ impl<'a, S: Shim> Program<'a, S> {
             .filter(|&(&ptr, &(_, generation))| gpu.work_before_free_unfinished(Touch { ptr, generation }))
             .map(|(_, &(size, _))| size)
             .sum();
-        let bound = self.shim.pending_bound();
+        // What the program held when it asked (the new block is the last).
+        let in_use: u64 = self.blocks.iter().rev().skip(1).filter(|b| b.pooled).map(|b| b.size).sum();
+        let bound = self.shim.pending_bound(in_use);
         if pending > bound {
             return Err(format!("{pending} bytes of frees pending after an allocation, over the bound of {bound}"));
         }

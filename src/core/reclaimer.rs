@@ -11,10 +11,14 @@
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long the thread sleeps while frees wait for the GPU.
+/// How long the thread sleeps, at least, while frees wait for the GPU.
 const POLL: Duration = Duration::from_micros(50);
+/// After a step of N us, it sleeps N * BUSY_SHARE us: a join costs two
+/// driver calls per live non-blocking stream, which compete with the
+/// program's own calls for the driver's locks.
+const BUSY_SHARE: u32 = 9;
 /// How long it sleeps when nothing waits (blocks in the cache still age).
 const IDLE: Duration = Duration::from_millis(50);
 
@@ -63,12 +67,14 @@ impl Reclaimer {
         let spawned = thread::Builder::new().name("somashim".into()).spawn(move || {
             while !self.stop.load(SeqCst) {
                 self.work.store(false, SeqCst);
+                let started = Instant::now();
                 let activity = {
                     let _step = locked(&self.step);
                     step()
                 };
                 if activity == Activity::Pending {
-                    thread::sleep(POLL);
+                    // Its driver calls compete with the program's: at most a tenth of the time.
+                    thread::sleep(POLL.max(started.elapsed() * BUSY_SHARE));
                     continue;
                 }
                 self.sleeping.store(true, SeqCst);

@@ -125,7 +125,14 @@ impl Stats {
         let d = self.device(ordinal);
         d.pool_frees.fetch_add(1, Relaxed);
         add_saturating(&d.pool_free_bytes, size);
-        let (Ok(previous) | Err(previous)) = d.in_use.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(size)));
+        self.no_longer_in_use(ordinal, size)
+    }
+
+    /// Blocks the program held are gone without a free (a device reset).
+    /// Returns the bytes still in use.
+    pub fn no_longer_in_use(&self, ordinal: i32, size: u64) -> u64 {
+        let in_use = &self.device(ordinal).in_use;
+        let (Ok(previous) | Err(previous)) = in_use.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(size)));
         previous.saturating_sub(size)
     }
 

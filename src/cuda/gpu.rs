@@ -15,6 +15,9 @@ pub struct CuError(pub u32);
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 pub const OUT_OF_MEMORY: CuError = CuError(2);
 
+/// `CUDA_ERROR_CONTEXT_IS_DESTROYED`.
+pub const CONTEXT_IS_DESTROYED: CuError = CuError(709);
+
 impl CuError {
     pub fn is_out_of_memory(self) -> bool {
         self == OUT_OF_MEMORY

@@ -7,6 +7,7 @@
 //! the driver, whose calls leave the runtime's last error alone.
 
 use std::ffi::{c_uint, c_void};
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Once, OnceLock};
 use std::time::Instant;
@@ -25,7 +26,7 @@ use crate::cuda::real::SUCCESS;
 fn allocator() -> &'static Allocator {
     static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
     ALLOCATOR.get_or_init(|| {
-        let config = match Config::from_environment(std::env::vars_os()) {
+        let mut config = match Config::from_environment(std::env::vars_os()) {
             Ok(config) => config,
             Err(error) => {
                 eprintln!("{error}");
@@ -36,9 +37,26 @@ fn allocator() -> &'static Allocator {
         for (name, value) in &config.effective {
             log::debug!("{name}={value}");
         }
+        let pid = std::process::id();
+        let loaded_in = LOADED_IN_PID.load(Relaxed);
+        if loaded_in != 0 && loaded_in != pid {
+            // Forked before its first CUDA call: the parent's files are not its own.
+            config.for_forked_child(pid);
+        }
         Allocator::new(config)
     })
 }
+
+/// The process that loaded the shim (`LD_PRELOAD` loads it before `main`).
+static LOADED_IN_PID: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn record_loading_process() {
+    LOADED_IN_PID.store(std::process::id(), Relaxed);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static RECORD_LOADING_PROCESS: extern "C" fn() = record_loading_process;
 
 fn init_logging(config: &Config) {
     let _ = env_logger::Builder::new()
@@ -305,7 +323,7 @@ pub fn per_thread(stream: *mut c_void) -> *mut c_void {
 /// Beginning a capture: while any capture runs, frees are queued.
 pub fn begin_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
     let mut rc = SUCCESS;
-    allocator().begin_capture(Stream(stream), || {
+    allocator().begin_capture(driver::loaded(), Stream(stream), || {
         rc = real();
         rc == SUCCESS
     });
