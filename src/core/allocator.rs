@@ -72,6 +72,14 @@ struct ContextStreams {
 
 type CaptureKey = (usize, u64);
 
+/// Where an allocation came from.
+enum Served {
+    /// A block freed earlier whose work has passed: pending in the map.
+    Cached(u64),
+    /// New from the pool.
+    Pool(u64),
+}
+
 /// What became of a `free` request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Freed {
@@ -146,21 +154,23 @@ impl Allocator {
         let device = self.device(driver, context)?;
         self.issue_deferred_frees(driver);
         let block = Block { device: device.ordinal, size, caller };
-        if let Some(ptr) = device.take_cached(size) {
-            if !self.map.reissue(ptr, block) {
-                log::warn!("pointer map was stale at {ptr:#x}: a cached block was not pending");
-            }
-            self.stats.device(device.ordinal).cache_hits.fetch_add(1, Ordering::Relaxed);
-            let in_use = self.stats.pooled_alloc(device.ordinal, size);
-            self.observe(driver, &device, Op::Alloc, size, ptr, in_use);
-            return Ok(ptr);
-        }
-        match self.alloc_from_pool(driver, &device, size) {
-            Ok(ptr) => {
-                let stale = self.map.insert(ptr, block);
-                if let Some(stale) = stale {
-                    log::warn!("pointer map was stale at {ptr:#x} ({stale:?})");
-                }
+        match self.serve(driver, &device, size) {
+            Ok(served) => {
+                let ptr = match served {
+                    Served::Cached(ptr) => {
+                        if !self.map.reissue(ptr, block) {
+                            log::warn!("pointer map was stale at {ptr:#x}: a cached block was not pending");
+                        }
+                        self.stats.device(device.ordinal).cache_hits.fetch_add(1, Ordering::Relaxed);
+                        ptr
+                    }
+                    Served::Pool(ptr) => {
+                        if let Some(stale) = self.map.insert(ptr, block) {
+                            log::warn!("pointer map was stale at {ptr:#x} ({stale:?})");
+                        }
+                        ptr
+                    }
+                };
                 let in_use = self.stats.pooled_alloc(device.ordinal, size);
                 self.observe(driver, &device, Op::Alloc, size, ptr, in_use);
                 Ok(ptr)
@@ -173,24 +183,37 @@ impl Allocator {
         }
     }
 
-    /// A new block from the pool. Past the pending-free limit, and when the
-    /// pool is out of memory, this thread waits for earlier frees (then
-    /// trims the pool) before it gives up.
-    fn alloc_from_pool(&self, driver: &impl Gpu, device: &Device, size: u64) -> Result<u64, AllocFailure> {
+    /// A block of `size` bytes: one whose earlier work has passed, else a
+    /// new one from the pool. Past the pending-free limit, and when the pool
+    /// is out of memory, this thread first reclaims earlier frees (waiting
+    /// for them, then trimming the pool) before it gives up.
+    fn serve(&self, driver: &impl Gpu, device: &Device, size: u64) -> Result<Served, AllocFailure> {
+        if let Some(ptr) = device.take_cached(size) {
+            return Ok(Served::Cached(ptr));
+        }
         // Held through the allocation: no capture may begin while it may use
         // the legacy stream or join streams.
         let captures = read(&self.captures);
         let quiet = captures.is_empty();
         let counters = self.stats.device(device.ordinal);
-        if quiet && !self.reclaimer.running() {
-            self.reclaim(driver, device, Wait::No); // no thread does it
-        }
         let in_use = counters.in_use.load(Ordering::Relaxed);
-        if quiet && device.over_pending_limit(in_use) {
+        let wait = if !quiet {
+            None
+        } else if device.over_pending_limit(in_use) {
             counters.pending_waits.fetch_add(1, Ordering::Relaxed);
-            self.reclaim(driver, device, Wait::UnderLimit(in_use));
+            Some(Wait::UnderLimit(in_use))
+        } else if !self.reclaimer.running() {
+            Some(Wait::No) // no thread does it
+        } else {
+            None
+        };
+        if let Some(wait) = wait {
+            self.reclaim(driver, device, wait);
+            if let Some(ptr) = device.take_cached(size) {
+                return Ok(Served::Cached(ptr));
+            }
         }
-        match device.alloc(driver, size, quiet, false) {
+        let ptr = match device.alloc(driver, size, quiet, false) {
             Err(AllocFailure::OutOfMemory) if quiet => {
                 counters.oom_retries.fetch_add(1, Ordering::Relaxed);
                 self.reclaim(driver, device, Wait::All);
@@ -200,7 +223,8 @@ impl Allocator {
                 }
             }
             other => other,
-        }
+        }?;
+        Ok(Served::Pool(ptr))
     }
 
     /// Joins and returns `device`'s frees, waiting as `wait` allows. The
