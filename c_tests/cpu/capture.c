@@ -70,7 +70,7 @@ int main(void) {
       /* after the capture everything works again; "old" was freed or not */
       if (rf != cudaSuccess) CHECK_CUDA(cudaFree(old));
       nudge();
-      CHECK_EQ(ptr_kind(old), FAKECUDA_NONE);
+      CHECK_RELEASED(old);
       CHECK_CUDA(cudaStreamSynchronize(s));
       CHECK_CUDA(cudaDeviceSynchronize());
       void *p = NULL;

@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../check.h"
 #include "fakecuda.h"
@@ -89,17 +90,20 @@ static inline int ptr_kind(const void *p) {
   return info.kind;
 }
 
-/* The shim may keep a freed block from the driver until it has seen the
- * work issued before the free pass (it checks with cuEventQuery at its next
- * call), so a block reaches cuMemFreeAsync "eventually". One more shim
- * allocation and free, without any host synchronization (that would make
- * every ordering hold trivially), is that next call. With FAKECUDA_LAZY_GPU=1
- * nothing passes on its own: tests run that way with
- * SOMA_PENDING_FREE_LIMIT=0, so the shim waits for the events itself. */
+/* Under the shim, with a non-blocking stream alive (SOMA_FREE_ORDER=join), a
+ * cudaFree only queues the block: the shim's own thread joins queued frees
+ * after the work on every stream, and once the GPU has passed that, keeps
+ * the blocks in a cache by size (still allocated at the driver: FAKECUDA_POOL)
+ * and hands them to the next allocations of that size; it gives the pool
+ * (cuMemFreeAsync) those unused for 1 s. Without that thread, an allocation
+ * that misses the cache joins and collects frees itself. So a freed block
+ * reaches the driver "eventually": tests poll for that (EVENTUALLY), never
+ * sleep for a fixed time, and do not synchronize the host for it before the
+ * ordering is checked (that would make every ordering hold trivially).
+ *
+ * nudge(): one more allocation and free through the shim without any host
+ * synchronization (natively: a plain pair). */
 static inline void nudge(void) {
-  /* The shim asks the driver about pending frees at most every 20 us while
-   * little is pending (it is costly on a GPU): give that interval time. */
-  usleep(100);
   size_t size = 4096;
   uint64_t lo = env_bytes("SOMA_MIN_BYTES", 1), hi = env_bytes("SOMA_MAX_BYTES", UINT64_MAX);
   if (size < lo) size = lo;
@@ -108,9 +112,79 @@ static inline void nudge(void) {
   if (cudaMalloc(&t, size) == cudaSuccess) cudaFree(t);
 }
 
-/* Frees the shim may still hold back after a nudge (natively: none). */
-#define PENDING_SLACK (under_shim() ? 2 : 0)
-#define CHECK_BALANCED(b, m, kind)                                                       do {                                                                                     long long out_ = DELTA(b, m, kind##_allocs) - DELTA(b, m, kind##_frees);               if (out_ < 0 || out_ > PENDING_SLACK) {                                                  fprintf(stderr, "%s:%d: %s: %lld allocations, %lld frees\n", __FILE__, __LINE__, #kind,               DELTA(b, m, kind##_allocs), DELTA(b, m, kind##_frees));                        check_failures++;                                                                    }                                                                                    } while (0)
+/* How long a test waits for the shim's thread to do something: generous (the
+ * cache gives a block back after 1 s unused; the thread looks every 50 ms). A
+ * test that passes waits only as long as the shim takes. */
+#define SETTLE_MS 5000
+
+/* Polls `cond` every millisecond until it holds or SETTLE_MS have passed;
+ * its last value (checked by the caller). */
+#define EVENTUALLY(cond)                                                   \
+  ({                                                                       \
+    int ok_ = 0;                                                           \
+    for (int ms_ = 0; !(ok_ = !!(cond)) && ms_ < SETTLE_MS; ms_++) usleep(1000); \
+    ok_;                                                                   \
+  })
+
+/* Every allocation of `kind` (pool, plain) made since the snapshot b has
+ * been freed at the driver, once the shim had time to give back what it
+ * keeps (the program must have freed all it allocated since b). */
+#define CHECK_BALANCED(b, kind)                                                           \
+  do {                                                                                    \
+    struct fakecuda_counters m_;                                                          \
+    EVENTUALLY((m_ = snap(), DELTA(b, m_, kind##_allocs) == DELTA(b, m_, kind##_frees))); \
+    if (DELTA(b, m_, kind##_allocs) != DELTA(b, m_, kind##_frees)) {                      \
+      fprintf(stderr, "%s:%d: %s: %lld allocations, %lld frees after %d ms\n", __FILE__, __LINE__, #kind, \
+              DELTA(b, m_, kind##_allocs), DELTA(b, m_, kind##_frees), SETTLE_MS);        \
+      check_failures++;                                                                   \
+    }                                                                                     \
+  } while (0)
+
+/* p was given to cudaFree (or cuMemFree) and nothing of the program's has
+ * been allocated at p since: natively, p is no longer device memory. Under
+ * the shim its block may also still be allocated at the driver (FAKECUDA_POOL),
+ * queued or kept in the shim's cache of passed frees, but it is freed all the
+ * same for the program: CHECK_RELEASED then frees it a second time, which
+ * must be refused as a double free is natively (cudaErrorInvalidValue, the
+ * last error set once; rt_invalid_frees counts it, natively too).
+ * CHECK_RELEASED_KIND is the first half, for a test that makes the second
+ * free itself. */
+#define CHECK_RELEASED_KIND(p)                                                                       \
+  do {                                                                                               \
+    int kind_ = ptr_kind(p);                                                                         \
+    if (!(kind_ == FAKECUDA_NONE || (under_shim() && kind_ == FAKECUDA_POOL))) {                     \
+      fprintf(stderr, "%s:%d: CHECK failed: %s is freed, but the double has it as kind %d (%s)\n", __FILE__, \
+              __LINE__, #p, kind_, under_shim() ? "want NONE or POOL" : "want NONE");                \
+      check_failures++;                                                                              \
+    }                                                                                                \
+  } while (0)
+#define CHECK_RELEASED(p)                                                                     \
+  do {                                                                                        \
+    CHECK_RELEASED_KIND(p);                                                                   \
+    cudaError_t again_ = cudaFree((void *)(p));                                               \
+    if (again_ != cudaErrorInvalidValue) {                                                    \
+      fprintf(stderr, "%s:%d: CHECK failed: a second cudaFree(%s) returned %d, want %d\n", __FILE__, __LINE__, \
+              #p, (int)again_, (int)cudaErrorInvalidValue);                                   \
+      check_failures++;                                                                       \
+    }                                                                                         \
+    CHECK_LAST_ERROR_ONCE(cudaErrorInvalidValue);                                             \
+  } while (0)
+
+/* cudaMalloc, telling the double when the block is not new memory from the
+ * driver but one the shim kept after a free (its cache): the double then
+ * checks that the new owner's work is ordered after the old owner's
+ * (fakecuda_handed_out, unordered_uses). *reissued (if given) says which;
+ * natively it is always 0. */
+static inline cudaError_t malloc_seen(void **p, size_t size, int *reissued) {
+  uint64_t next = fakecuda_next_serial();
+  cudaError_t rc = cudaMalloc(p, size);
+  struct fakecuda_ptr_info info;
+  int old = rc == cudaSuccess && *p && fakecuda_ptr_info(*p, &info) && info.base == (uintptr_t)*p &&
+            info.serial < next;
+  if (old) fakecuda_handed_out(*p);
+  if (reissued) *reissued = old;
+  return rc;
+}
 
 /* The double's last complaint, printed as an informational line. */
 static inline void show_problem(const char *where) {

@@ -115,6 +115,7 @@ struct alloc {
   struct vc touch;              /* per stream, the clock of the last work on it */
   struct vc ready;              /* work that used its memory before it was
                                    reused: later work must be ordered after */
+  uint64_t serial;              /* order of creation (fakecuda_next_serial) */
   struct alloc *hnext, *prev, *next;
 };
 
@@ -148,6 +149,8 @@ static __thread int t_depth;    /* t_stack[t_depth-1] is current */
 static __thread struct CUstream_st *t_pt[MAXDEV];
 static __thread unsigned t_pt_gen[MAXDEV];
 static __thread char t_problem[1024];
+static __thread uint64_t t_waits; /* host waits of this thread (fakecuda_thread_waits) */
+static uint64_t g_serial;         /* serial of the next allocation (under g_mu) */
 
 #define CNT(f) __atomic_add_fetch(&g_cnt.f, 1, __ATOMIC_SEQ_CST)
 #define LOCK() pthread_mutex_lock(&g_mu)
@@ -446,6 +449,7 @@ static struct alloc *make_alloc(size_t n, int kind, int dev) {
   a->rsize = rn;
   a->kind = kind;
   a->dev = dev;
+  a->serial = g_serial++;
   insert_alloc(a);
   return a;
 }
@@ -934,6 +938,7 @@ CUresult cuCtxSynchronize(void) {
   CUresult r = cur_ctx(&c);
   if (r) RET(r);
   CNT(ctx_syncs);
+  t_waits++;
   if (capture_in_ctx(c, 1)) {
     problem("cuCtxSynchronize during a stream capture");
     RET(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -1036,7 +1041,10 @@ static CUresult stream_sync(CUstream hStream, int count) {
   struct CUstream_st *s;
   CUresult r = get_stream(hStream, &s);
   if (r) RET(r);
-  if (count) CNT(stream_syncs);
+  if (count) {
+    CNT(stream_syncs);
+    t_waits++;
+  }
   if (s->cap) {
     invalidate(s->cap);
     problem("synchronizing a capturing stream");
@@ -1269,7 +1277,10 @@ static CUresult event_sync(CUevent hEvent, int count) {
   struct CUevent_st *e;
   CUresult r = get_event(hEvent, &e);
   if (r) RET(r);
-  if (count) CNT(event_syncs);
+  if (count) {
+    CNT(event_syncs);
+    t_waits++;
+  }
   if (e->cap && !e->cap->ended) {
     invalidate(e->cap);
     RET(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -1635,8 +1646,45 @@ int fakecuda_ptr_info(const void *p, struct fakecuda_ptr_info *out) {
   out->pool = a->pool;
   out->stream = a->stream && a->stream->is_legacy ? (void *)CU_STREAM_LEGACY : (void *)a->stream;
   out->in_graph_free = a->in_graph_free;
+  out->serial = a->serial;
   UNLOCK();
   return 1;
+}
+
+uint64_t fakecuda_next_serial(void) {
+  init();
+  LOCK();
+  uint64_t n = g_serial;
+  UNLOCK();
+  return n;
+}
+
+uint64_t fakecuda_thread_waits(void) { return t_waits; }
+
+/* The block's earlier uses become what work of its new owner must be ordered
+ * after, as at a reuse by the pool (pool_alloc); the new owner's own work
+ * starts a new record. */
+int fakecuda_handed_out(const void *p) {
+  init();
+  LOCK();
+  struct alloc *a = find_exact((uintptr_t)p);
+  if (!a) {
+    UNLOCK();
+    return 0;
+  }
+  vc_merge(&a->ready, &a->touch);
+  a->touch.n = 0;
+  UNLOCK();
+  return 1;
+}
+
+int fakecuda_block_idle(const void *p) {
+  init();
+  LOCK();
+  struct alloc *a = find_containing((uintptr_t)p);
+  int idle = a && host_covers(&a->touch) && host_covers(&a->ready);
+  UNLOCK();
+  return idle;
 }
 
 int fakecuda_stream_stats(const void *stream, struct fakecuda_stream_stats *out) {

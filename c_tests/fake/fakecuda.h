@@ -143,6 +143,9 @@ struct fakecuda_ptr_info {
   void *stream;      /* CUstream it was allocated on (pool kind; the legacy
                         stream reads as CU_STREAM_LEGACY), else NULL */
   int in_graph_free; /* a captured cuMemFreeAsync "freed" it inside a graph */
+  uint64_t serial;   /* the allocation's serial: allocations made from the
+                        moment fakecuda_next_serial() returned n have serials
+                        >= n, earlier ones < n */
 };
 /* 1 if p points inside a live allocation (info filled), else 0 (kind NONE). */
 int fakecuda_ptr_info(const void *p, struct fakecuda_ptr_info *out);
@@ -191,8 +194,34 @@ int fakecuda_pool_stats(const void *pool, struct fakecuda_pool_stats *out);
 int fakecuda_launch(const void *stream, const void *p);
 
 /* 1 if the host has synchronized with all work issued so far on every stream
- * of device dev (what a device-wide synchronization gives), else 0. */
+ * of device dev (what a device-wide synchronization gives), else 0. Any
+ * thread's synchronization counts (a successful cuEventQuery/cuStreamQuery
+ * included: the fake GPU makes progress then), a shim's own thread too. */
 int fakecuda_device_idle(int dev);
+
+/* Host waits (cuCtxSynchronize, cuStreamSynchronize, cuEventSynchronize)
+ * made by the calling thread so far: whether a call blocked the thread that
+ * made it, whatever other threads did meanwhile. */
+uint64_t fakecuda_thread_waits(void);
+
+/* The serial the next allocation will get (see fakecuda_ptr_info.serial): a
+ * pointer that an allocation call returns with a serial below the value read
+ * before the call is memory the driver had handed out earlier, i.e. a block
+ * an allocator above the driver (the shim's cache of freed blocks) kept. */
+uint64_t fakecuda_next_serial(void);
+
+/* The program got the block starting at p from an allocator above the driver
+ * (the shim's cache of freed blocks): the driver saw no free and no new
+ * allocation. As at a reuse by the pool, work of the new owner that is not
+ * ordered after the work that used the block before, and that the host has
+ * not synchronized with, counts as unordered_uses. Returns 1 if p is the
+ * start of a live allocation, else 0 (nothing done). */
+int fakecuda_handed_out(const void *p);
+
+/* 1 if the host has synchronized with all work that used the block
+ * containing p (its owners' since the driver allocated it), else 0 (also
+ * when p is not in a live allocation). */
+int fakecuda_block_idle(const void *p);
 
 /* Text of the last problem the double noticed (an unordered free, a stale
  * handle, an invalid free...), "" if none. Cleared by reading. */
