@@ -465,7 +465,10 @@ impl Allocator {
         let counters = self.stats.device(device.ordinal);
         match result.and_then(|r| r) {
             Ok(FreePath::Legacy) => counters.legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
-            Ok(FreePath::Barrier) => counters.barrier_frees.fetch_add(1, Ordering::Relaxed),
+            Ok(FreePath::Barrier) => {
+                self.reclaimer.wake();
+                counters.barrier_frees.fetch_add(1, Ordering::Relaxed)
+            }
             Ok(FreePath::Queued) => {
                 self.reclaimer.wake();
                 counters.queued_frees.fetch_add(1, Ordering::Relaxed)

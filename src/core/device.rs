@@ -12,9 +12,12 @@
 //! later: before one is, the host waits for the legacy stream's work (the
 //! real `cudaFree` had waited for the part of it issued before each free).
 //!
-//! *Non-blocking streams too*, `SOMA_FREE_ORDER=barrier`: frees stay on the
-//! legacy stream, and the non-blocking streams are ordered by waits on the
-//! GPU (see `free_on_legacy_stream`). Three driver calls per stream and free.
+//! *Non-blocking streams too*, `SOMA_FREE_ORDER=barrier`: a free only queues
+//! the block; the reclaimer frees each batch on the legacy stream behind
+//! waits on the GPU (`pending::free_behind_barrier`): the block is reused at
+//! once in the legacy stream's order, but the non-blocking streams wait for
+//! the legacy stream's work at every batch, as they wait for the host at
+//! every real `cudaFree`.
 //!
 //! *Non-blocking streams too*, `SOMA_FREE_ORDER=join` (the default): a free
 //! only queues the block (`pending`); the reclaimer joins queued blocks in
@@ -34,7 +37,6 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, MutexGuard};
 
 use super::config::{Config, FreeOrder, PoolChoice};
 use super::pending::{PendingFrees, Predecessors, Reclaiming};
@@ -65,9 +67,6 @@ pub struct Device {
     pending_free_limit: u64,
     /// Frees in join order, and the blocks they become.
     pending: PendingFrees,
-    /// Scratch events of barrier frees, taken and given back around the
-    /// free (never held over a driver call: threads free at once).
-    barrier_events: Mutex<Vec<Event>>,
 }
 
 /// Why an allocation did not come from the pool.
@@ -92,17 +91,12 @@ pub enum Wait {
 /// What a free did, for the statistics and the reclaimer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FreePath {
+    /// Freed on the legacy stream (only blocking streams).
     Legacy,
+    /// Queued for the reclaimer, to be freed behind a barrier.
     Barrier,
-    /// Queued for the reclaimer.
+    /// Queued for the reclaimer, to be joined.
     Queued,
-}
-
-/// A panic while holding a lock of a device leaves at worst a block not
-/// returned to the pool (leaked, never reused unsafely), so a poisoned lock
-/// is usable.
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Device {
@@ -135,7 +129,6 @@ impl Device {
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit.resolve(total),
             pending: PendingFrees::default(),
-            barrier_events: Mutex::new(Vec::new()),
         })
     }
 
@@ -201,7 +194,11 @@ impl Device {
         let Some(mut r) = reclaiming else {
             return self.pending.busy(); // another thread is at it
         };
-        match self.pending.join(&mut r, driver, self.join_stream, after) {
+        let batch = match self.order {
+            FreeOrder::Join => self.pending.join(&mut r, driver, self.join_stream, after),
+            FreeOrder::Barrier => self.pending.free_behind_barrier(&mut r, driver, self.legacy_free_mark, after, map),
+        };
+        match batch {
             Ok(true) => {
                 counters.joins.fetch_add(1, Relaxed);
             }
@@ -255,58 +252,20 @@ impl Device {
     /// current, and `after` must stay the device's streams until this returns.
     pub fn free(&self, driver: &impl Gpu, ptr: u64, size: u64, after: &Predecessors, map: &PointerMap) -> CuResult<FreePath> {
         let only_blocking = after.nonblocking.is_empty() && after.tails.is_empty();
-        if only_blocking || self.order == FreeOrder::Barrier {
-            if self.switch_streams(true) {
-                log::debug!("device {}: frees go on the legacy stream", self.ordinal);
-            }
-            self.free_on_legacy_stream(driver, ptr, after, map)?;
-            return Ok(if only_blocking { FreePath::Legacy } else { FreePath::Barrier });
+        let on_legacy = only_blocking || self.order == FreeOrder::Barrier;
+        if self.switch_streams(on_legacy) {
+            log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });
         }
-        if self.switch_streams(false) {
-            log::debug!("device {}: non-blocking streams: frees are joined in batches", self.ordinal);
+        if only_blocking {
+            // The legacy stream orders every blocking stream: freed in its
+            // order, reused in its order. Last: if anything failed, the block
+            // stays allocated (never reused unsafely).
+            map.returned(ptr);
+            driver.free_async(ptr, Stream::LEGACY)?;
+            return Ok(FreePath::Legacy);
         }
         self.pending.queue(ptr, size);
-        Ok(FreePath::Queued)
-    }
-
-    /// Frees `ptr` on the legacy stream, which orders every blocking stream.
-    /// Non-blocking streams are ordered by waits on the GPU, as the real
-    /// `cudaFree` orders them on the host: the legacy stream waits for their
-    /// work before the free, and their later work waits for the legacy work
-    /// before it (the block may be reused at once on the legacy stream).
-    /// Neither can deadlock where the real `cudaFree` would not: every wait
-    /// is for work issued before the free.
-    fn free_on_legacy_stream(&self, driver: &impl Gpu, ptr: u64, after: &Predecessors, map: &PointerMap) -> CuResult<()> {
-        if !after.nonblocking.is_empty() {
-            let scratch = match locked(&self.barrier_events).pop() {
-                Some(event) => event,
-                None => driver.create_event()?,
-            };
-            let waited = after.nonblocking.iter().try_for_each(|stream| {
-                driver.record(scratch, *stream)?;
-                driver.wait_event(Stream::LEGACY, scratch)
-            });
-            locked(&self.barrier_events).push(scratch);
-            waited?;
-        }
-        for tail in after.tails {
-            driver.wait_event(Stream::LEGACY, *tail)?;
-        }
-        if !after.nonblocking.is_empty() {
-            // The mark covers all the work before the free (the free is no
-            // work). Frees of several threads may record it at once. A wait
-            // binds to the latest record, which covers this free's work and
-            // perhaps that of a concurrent free: still only work issued
-            // before a free. (With only blocking streams nothing waits for
-            // it: a record per free would make threads queue on the event.)
-            driver.record(self.legacy_free_mark, Stream::LEGACY)?;
-            for stream in after.nonblocking {
-                driver.wait_event(*stream, self.legacy_free_mark)?;
-            }
-        }
-        // Last: if anything above failed, the block stays allocated (never reused unsafely).
-        map.returned(ptr);
-        driver.free_async(ptr, Stream::LEGACY)
+        Ok(if on_legacy { FreePath::Barrier } else { FreePath::Queued })
     }
 
     /// Sets whether allocations go on the legacy stream; true if that changed.
@@ -396,8 +355,7 @@ impl Device {
             let _ = driver.free_async(*ptr, self.pool_stream);
         }
         let _ = driver.synchronize_stream(self.pool_stream);
-        let barrier_events = std::mem::take(&mut *locked(&self.barrier_events));
-        for event in events.into_iter().chain(barrier_events).chain([self.legacy_free_mark]) {
+        for event in events.into_iter().chain([self.legacy_free_mark]) {
             let _ = driver.destroy_event(event);
         }
         let _ = driver.destroy_stream(self.pool_stream);

@@ -16,6 +16,11 @@
 //! do). Blocks the cache keeps unused for long, and all of it when memory
 //! runs short, go back to the pool.
 //!
+//! Under `SOMA_FREE_ORDER=barrier` a batch is freed on the legacy stream
+//! behind waits on the GPU instead (`free_behind_barrier`): reused at once in
+//! that stream's order, with every non-blocking stream made to wait for the
+//! work before it, so nothing waits for the GPU to pass it.
+//!
 //! Locks: the queue and the cache are held for a push or a pop, never over a
 //! driver call, so program threads never wait on a driver call of another's.
 //! `reclaiming` is held over the joins and the returns, which only the
@@ -184,6 +189,60 @@ impl PendingFrees {
                 Err(e)
             }
         }
+    }
+
+    /// Frees every queued block on the legacy stream behind a barrier on the
+    /// GPU, as the real `cudaFree` orders them on the host: the legacy stream
+    /// waits for the work issued so far on `after`'s streams and for its
+    /// tails, `mark` is recorded there, every stream of `after` waits for it,
+    /// and only then are the blocks freed there (leaving `map` first). So the
+    /// pool hands a block out again on the legacy stream after all work
+    /// before its free, and a non-blocking stream that uses it afterwards
+    /// already waits for that work. The device's context must be current, no
+    /// stream may be capturing, and `after` must stay the device's streams
+    /// until this returns. False if nothing was queued (or the device is closed).
+    pub fn free_behind_barrier(
+        &self,
+        r: &mut Reclaiming,
+        driver: &impl Gpu,
+        mark: Event,
+        after: &Predecessors,
+        map: &PointerMap,
+    ) -> CuResult<bool> {
+        if r.closed {
+            return Ok(false);
+        }
+        let blocks = std::mem::take(&mut *locked(&self.queued));
+        if blocks.is_empty() {
+            return Ok(false);
+        }
+        let ordered = (|| {
+            let scratch = take_event(r, driver)?;
+            let waited = after.nonblocking.iter().try_for_each(|stream| {
+                driver.record(scratch, *stream)?;
+                driver.wait_event(Stream::LEGACY, scratch)
+            });
+            r.spare_events.push(scratch);
+            waited?;
+            for tail in after.tails {
+                driver.wait_event(Stream::LEGACY, *tail)?;
+            }
+            driver.record(mark, Stream::LEGACY)?;
+            after.nonblocking.iter().try_for_each(|stream| driver.wait_event(*stream, mark))
+        })();
+        if let Err(e) = ordered {
+            // Not ordered: the blocks go back to the queue for the next batch.
+            locked(&self.queued).extend(blocks);
+            return Err(e);
+        }
+        for block in blocks {
+            map.returned(block.ptr);
+            if let Err(e) = driver.free_async(block.ptr, Stream::LEGACY) {
+                log::warn!("freeing a block on the legacy stream failed, leaking {} bytes: {e:?}", block.size);
+            }
+            self.pending_bytes.fetch_sub(block.size, Relaxed);
+        }
+        Ok(true)
     }
 
     /// Moves every batch the GPU has passed into the cache. Its blocks stay
