@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use super::config::{Config, StatsOutput};
 use super::device::{AllocFailure, Device, FreePath, Wait};
@@ -233,12 +234,7 @@ impl Allocator {
     fn reclaim(&self, driver: &impl Gpu, device: &Device, wait: Wait) -> Activity {
         let registry = read(&self.streams);
         let after = registry.predecessors(device.context);
-        let counters = self.stats.device(device.ordinal);
-        if device.reclaim(driver, &after, &self.map, wait, counters) {
-            Activity::Pending
-        } else {
-            Activity::Idle
-        }
+        device.reclaim(driver, &after, &self.map, wait, self.stats.device(device.ordinal))
     }
 
     /// One step of the reclaimer: every device's frees joined and the passed
@@ -253,7 +249,7 @@ impl Allocator {
                 continue;
             }
             if !captures.is_empty() {
-                activity = Activity::Pending; // joined once the capture ends
+                activity = activity.and(Activity::Pending(Duration::ZERO)); // joined once the capture ends
                 continue;
             }
             if !self.is_current_incarnation(driver, device.ordinal, None) {
@@ -262,8 +258,7 @@ impl Allocator {
                 continue;
             }
             match driver.with_context(device.context, || self.reclaim(driver, &device, Wait::No)) {
-                Ok(Activity::Pending) => activity = Activity::Pending,
-                Ok(Activity::Idle) => {}
+                Ok(this) => activity = activity.and(this),
                 Err(e) => log::warn!("device {}: cannot make its context current: {e:?}", device.ordinal),
             }
         }

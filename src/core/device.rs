@@ -37,10 +37,12 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
 
 use super::config::{Config, FreeOrder, PoolChoice};
 use super::pending::{PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
+use super::reclaimer::Activity;
 use super::stats::{DeviceCounters, PoolPeaks};
 use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, CONTEXT_IS_DESTROYED};
 
@@ -185,15 +187,18 @@ impl Device {
     /// Joins queued frees and returns those the GPU has passed, waiting on
     /// the host as `wait` allows. The device's context must be current, no
     /// stream may be capturing, and `after` must stay the device's streams
-    /// until this returns. True if frees are still pending after it.
-    pub fn reclaim(&self, driver: &impl Gpu, after: &Predecessors, map: &PointerMap, wait: Wait, counters: &DeviceCounters) -> bool {
+    /// until this returns. Whether frees are still pending after it, and the
+    /// time spent ordering a batch.
+    pub fn reclaim(&self, driver: &impl Gpu, after: &Predecessors, map: &PointerMap, wait: Wait, counters: &DeviceCounters) -> Activity {
         let reclaiming = match wait {
             Wait::No => self.pending.try_reclaiming(),
             Wait::UnderLimit(_) | Wait::All => Some(self.pending.reclaiming()),
         };
         let Some(mut r) = reclaiming else {
-            return self.pending.busy(); // another thread is at it
+            // Another thread is at it.
+            return if self.pending.busy() { Activity::Pending(Duration::ZERO) } else { Activity::Idle };
         };
+        let started = Instant::now();
         let batch = match self.order {
             FreeOrder::Join => self.pending.join(&mut r, driver, self.join_stream, after),
             FreeOrder::Barrier => self.pending.free_behind_barrier(&mut r, driver, self.legacy_free_mark, after, map),
@@ -208,6 +213,7 @@ impl Device {
             Err(e) if e == CONTEXT_IS_DESTROYED => log::debug!("device {}: context destroyed", self.ordinal),
             Err(e) => log::warn!("device {}: ordering frees after earlier work failed: {e:?}", self.ordinal),
         }
+        let ordering = started.elapsed();
         self.pending.collect_passed(&mut r, driver);
         let to_pool = |ptr| self.return_to_pool(driver, ptr);
         match wait {
@@ -222,7 +228,11 @@ impl Device {
                 self.pending.release_cached(true, map, to_pool);
             }
         }
-        self.pending.busy()
+        if self.pending.busy() {
+            Activity::Pending(ordering)
+        } else {
+            Activity::Idle
+        }
     }
 
     fn wait_oldest(&self, r: &mut Reclaiming, driver: &impl Gpu) -> bool {

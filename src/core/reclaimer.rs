@@ -11,24 +11,37 @@
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long the thread sleeps, at least, while frees wait for the GPU.
 const POLL: Duration = Duration::from_micros(50);
-/// After a step of N us, it sleeps N * BUSY_SHARE us: a join costs two
-/// driver calls per live non-blocking stream, which compete with the
-/// program's own calls for the driver's locks.
+/// After ordering a batch for N us, it sleeps N * BUSY_SHARE us: a join
+/// costs two driver calls per live non-blocking stream, which compete with
+/// the program's own calls for the driver's locks.
 const BUSY_SHARE: u32 = 9;
+/// But no longer than this while frees wait: they hold memory.
+const MAX_POLL: Duration = Duration::from_millis(1);
 /// How long it sleeps when nothing waits (blocks in the cache still age).
 const IDLE: Duration = Duration::from_millis(50);
 
 /// What a step left behind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activity {
-    /// Frees still wait to be joined or to pass.
-    Pending,
+    /// Frees still wait to be ordered or to pass; the step spent this long
+    /// ordering batches (driver calls that compete with the program's).
+    Pending(Duration),
     /// Nothing waits.
     Idle,
+}
+
+impl Activity {
+    /// Both steps' activity, as one.
+    pub fn and(self, other: Activity) -> Activity {
+        match (self, other) {
+            (Activity::Pending(a), Activity::Pending(b)) => Activity::Pending(a + b),
+            (Activity::Idle, other) | (other, Activity::Idle) => other,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -67,14 +80,14 @@ impl Reclaimer {
         let spawned = thread::Builder::new().name("somashim".into()).spawn(move || {
             while !self.stop.load(SeqCst) {
                 self.work.store(false, SeqCst);
-                let started = Instant::now();
                 let activity = {
                     let _step = locked(&self.step);
                     step()
                 };
-                if activity == Activity::Pending {
-                    // Its driver calls compete with the program's: at most a tenth of the time.
-                    thread::sleep(POLL.max(started.elapsed() * BUSY_SHARE));
+                if let Activity::Pending(ordering) = activity {
+                    // Its driver calls compete with the program's: ordering takes
+                    // at most a tenth of the time.
+                    thread::sleep(POLL.max(ordering * BUSY_SHARE).min(MAX_POLL));
                     continue;
                 }
                 self.sleeping.store(true, SeqCst);
