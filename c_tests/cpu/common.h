@@ -176,11 +176,13 @@ static inline void nudge(void) {
  * (fakecuda_handed_out, unordered_uses). *reissued (if given) says which;
  * natively it is always 0. */
 static inline cudaError_t malloc_seen(void **p, size_t size, int *reissued) {
-  uint64_t next = fakecuda_next_serial();
+  /* The shim allocates at the driver on the calling thread: no driver
+   * allocation by this thread in the call means a block it kept. */
+  uint64_t before = fakecuda_thread_allocs();
   cudaError_t rc = cudaMalloc(p, size);
   struct fakecuda_ptr_info info;
   int old = rc == cudaSuccess && *p && fakecuda_ptr_info(*p, &info) && info.base == (uintptr_t)*p &&
-            info.serial < next;
+            fakecuda_thread_allocs() == before;
   if (old) fakecuda_handed_out(*p);
   if (reissued) *reissued = old;
   return rc;

@@ -115,7 +115,6 @@ struct alloc {
   struct vc touch;              /* per stream, the clock of the last work on it */
   struct vc ready;              /* work that used its memory before it was
                                    reused: later work must be ordered after */
-  uint64_t serial;              /* order of creation (fakecuda_next_serial) */
   struct alloc *hnext, *prev, *next;
 };
 
@@ -150,7 +149,7 @@ static __thread struct CUstream_st *t_pt[MAXDEV];
 static __thread unsigned t_pt_gen[MAXDEV];
 static __thread char t_problem[1024];
 static __thread uint64_t t_waits; /* host waits of this thread (fakecuda_thread_waits) */
-static uint64_t g_serial;         /* serial of the next allocation (under g_mu) */
+static __thread uint64_t t_allocs; /* driver allocations by this thread (fakecuda_thread_allocs) */
 
 #define CNT(f) __atomic_add_fetch(&g_cnt.f, 1, __ATOMIC_SEQ_CST)
 #define LOCK() pthread_mutex_lock(&g_mu)
@@ -449,7 +448,6 @@ static struct alloc *make_alloc(size_t n, int kind, int dev) {
   a->rsize = rn;
   a->kind = kind;
   a->dev = dev;
-  a->serial = g_serial++;
   insert_alloc(a);
   return a;
 }
@@ -1320,6 +1318,7 @@ CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   }
   g_used[d] += a->rsize;
   CNT(plain_allocs);
+  t_allocs++;
   trace("alloc plain %#" PRIxPTR " %zu dev%d\n", a->base, bytesize, d);
   *dptr = (CUdeviceptr)a->base;
   RET(CUDA_SUCCESS);
@@ -1389,6 +1388,7 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool
   r = pool_alloc(p, s, bytesize, &a);
   if (r) RET(r);
   CNT(pool_allocs);
+  t_allocs++;
   s->pool_allocs++;
   trace("alloc pool %#" PRIxPTR " %zu dev%d\n", a->base, bytesize, p->dev);
   *dptr = (CUdeviceptr)a->base;
@@ -1646,20 +1646,12 @@ int fakecuda_ptr_info(const void *p, struct fakecuda_ptr_info *out) {
   out->pool = a->pool;
   out->stream = a->stream && a->stream->is_legacy ? (void *)CU_STREAM_LEGACY : (void *)a->stream;
   out->in_graph_free = a->in_graph_free;
-  out->serial = a->serial;
   UNLOCK();
   return 1;
 }
 
-uint64_t fakecuda_next_serial(void) {
-  init();
-  LOCK();
-  uint64_t n = g_serial;
-  UNLOCK();
-  return n;
-}
-
 uint64_t fakecuda_thread_waits(void) { return t_waits; }
+uint64_t fakecuda_thread_allocs(void) { return t_allocs; }
 
 /* The block's earlier uses become what work of its new owner must be ordered
  * after, as at a reuse by the pool (pool_alloc); the new owner's own work

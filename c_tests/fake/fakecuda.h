@@ -143,9 +143,6 @@ struct fakecuda_ptr_info {
   void *stream;      /* CUstream it was allocated on (pool kind; the legacy
                         stream reads as CU_STREAM_LEGACY), else NULL */
   int in_graph_free; /* a captured cuMemFreeAsync "freed" it inside a graph */
-  uint64_t serial;   /* the allocation's serial: allocations made from the
-                        moment fakecuda_next_serial() returned n have serials
-                        >= n, earlier ones < n */
 };
 /* 1 if p points inside a live allocation (info filled), else 0 (kind NONE). */
 int fakecuda_ptr_info(const void *p, struct fakecuda_ptr_info *out);
@@ -204,11 +201,8 @@ int fakecuda_device_idle(int dev);
  * made it, whatever other threads did meanwhile. */
 uint64_t fakecuda_thread_waits(void);
 
-/* The serial the next allocation will get (see fakecuda_ptr_info.serial): a
- * pointer that an allocation call returns with a serial below the value read
- * before the call is memory the driver had handed out earlier, i.e. a block
- * an allocator above the driver (the shim's cache of freed blocks) kept. */
-uint64_t fakecuda_next_serial(void);
+/* Allocations (pool or plain) the calling thread has made at the driver. */
+uint64_t fakecuda_thread_allocs(void);
 
 /* The program got the block starting at p from an allocator above the driver
  * (the shim's cache of freed blocks): the driver saw no free and no new
