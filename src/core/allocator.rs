@@ -203,8 +203,8 @@ impl Allocator {
         } else if device.over_pending_limit(in_use) {
             counters.pending_waits.fetch_add(1, Ordering::Relaxed);
             Some(Wait::UnderLimit(in_use))
-        } else if !self.reclaimer.running() {
-            Some(Wait::No) // no thread does it
+        } else if !self.reclaimer.running() && device.holds_frees() {
+            Some(Wait::No) // no thread does it (and, with none queued, nothing to do: no lock taken)
         } else {
             None
         };
@@ -244,8 +244,7 @@ impl Allocator {
         let captures = read(&self.captures);
         let mut activity = Activity::Idle;
         for device in self.pooled_devices() {
-            let (pending, cached) = device.holds_frees();
-            if !pending && !cached {
+            if !device.holds_frees() {
                 continue;
             }
             if !captures.is_empty() {

@@ -250,9 +250,9 @@ impl Device {
         }
     }
 
-    /// Whether frees wait to be joined or to pass, or blocks sit in the cache.
-    pub fn holds_frees(&self) -> (bool, bool) {
-        (self.pending.busy(), self.pending.cached_bytes() > 0)
+    /// Whether frees wait to be ordered or to pass, or blocks sit in the cache.
+    pub fn holds_frees(&self) -> bool {
+        self.pending.busy() || self.pending.cached_bytes() > 0
     }
 
     /// Returns the block at `ptr` to the pool once all work issued so far on
