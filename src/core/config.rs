@@ -238,7 +238,7 @@ pub static VARIABLES: &[Variable] = &[
         name: "SOMA_FREE_ORDER",
         kind: Kind::FreeOrder,
         default: "join",
-        doc: "With non-blocking streams, join: streams stay independent, blocks return once the GPU has passed the free; barrier: each free orders them and the legacy stream on the GPU as the real cudaFree does on the host (blocks reused at once).",
+        doc: "With non-blocking streams, join: streams stay independent, blocks are reused once the GPU has passed their free; barrier: each batch of frees orders them and the legacy stream on the GPU as the real cudaFree does on the host (blocks reused at once).",
         store: store!(free_order, FreeOrder),
     },
     Variable {
