@@ -282,11 +282,12 @@ impl PendingFrees {
         let now = Instant::now();
         {
             let mut cache = locked(&self.cache);
+            // Counted before a block can be taken: the count never falls below the cache.
+            self.cached_bytes.fetch_add(batch.bytes, Relaxed);
             for block in batch.blocks {
                 cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since: now });
             }
         }
-        self.cached_bytes.fetch_add(batch.bytes, Relaxed);
         self.pending_bytes.fetch_sub(batch.bytes, Relaxed);
     }
 

@@ -4,9 +4,8 @@
 //! It runs a step, then sleeps: briefly while frees wait for the GPU, long
 //! while nothing does. A free wakes it only when it sleeps long, so the
 //! program's hot path costs an atomic load. Each step holds `step`, so a
-//! fork can wait for the step to end (`before_fork`): the child then gets no
-//! lock of the shim's held by a thread it does not have. At exit, `stop`
-//! ends the thread before the CUDA runtime tears itself down.
+//! fork or a device reset can wait for the step to end (`pause`). At exit,
+//! `stop` ends the thread before the CUDA runtime tears itself down.
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
@@ -133,9 +132,11 @@ impl Reclaimer {
         self.running.store(false, SeqCst);
     }
 
-    /// Before `fork`: waits for the step in progress and keeps the next from
-    /// starting until the guard is dropped (after the fork, in both processes).
-    pub fn before_fork(&self) -> MutexGuard<'_, ()> {
+    /// Waits for the step in progress and keeps the next from starting until
+    /// the guard is dropped: across a `fork` (so that the child inherits no
+    /// lock held by a thread it will not have) and a device reset (so that no
+    /// step touches the device's streams as they are destroyed).
+    pub fn pause(&self) -> MutexGuard<'_, ()> {
         locked(&self.step)
     }
 

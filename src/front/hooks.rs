@@ -106,7 +106,7 @@ thread_local! {
 /// Before `fork`: no reclaimer step may be under way, so that the child
 /// inherits no lock held by a thread it will not have.
 extern "C" fn before_fork() {
-    let guard = allocator().reclaimer.before_fork();
+    let guard = allocator().reclaimer.pause();
     let _ = FORK_GUARD.try_with(|slot| *slot.borrow_mut() = Some(guard));
 }
 
@@ -338,8 +338,11 @@ pub fn end_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
 /// A device reset destroys the device's memory and streams, so the shim
 /// forgets its pool and pointers first and makes new ones on next use.
 pub fn device_reset(device: Option<i32>, real: impl FnOnce() -> u32) -> u32 {
+    let allocator = allocator();
+    // No step of the shim's thread may touch the device until its context is new.
+    let _paused = allocator.reclaimer.pause();
     if let (Some(driver), Some(device)) = (driver::loaded(), device) {
-        allocator().device_resetting(driver, device);
+        allocator.device_resetting(driver, device);
     }
     real()
 }
