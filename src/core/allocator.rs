@@ -318,9 +318,10 @@ impl Allocator {
                 if let Some(driver) = driver {
                     self.freed(driver, Op::FreeAsync, ptr, block);
                 }
-                if real_free() {
-                    if let (Some(driver), Some(device)) = (driver, self.known_device(block.device)) {
-                        self.program_freed(driver, &device);
+                match (driver, self.known_device(block.device)) {
+                    (Some(driver), Some(device)) => self.program_frees(driver, &device, real_free),
+                    _ => {
+                        real_free();
                     }
                 }
                 Freed::Issued { device: block.device }
@@ -333,15 +334,18 @@ impl Allocator {
         }
     }
 
-    /// After the program's own `cudaFreeAsync` of a pool block: the streams
-    /// that may use the block again are ordered after that free.
-    fn program_freed(&self, driver: &impl Gpu, device: &Device) {
+    /// The program's own `cudaFreeAsync` of a pool block (`real_free`): the
+    /// streams that may use the block again are ordered after that free
+    /// before any legacy-stream allocation can be handed it. Lock order:
+    /// captures, streams, then the device's legacy order.
+    fn program_frees(&self, driver: &impl Gpu, device: &Device, real_free: impl FnOnce() -> bool) {
         let captures = read(&self.captures);
-        if !captures.is_empty() {
-            return; // a captured free runs with the graph, after the capture
+        let registry = read(&self.streams);
+        let _reuse_waits = device.hold_legacy_reuse();
+        if !real_free() || !captures.is_empty() {
+            return; // failed, or captured: the free runs with the graph, after the capture
         }
         let ordered = driver.with_context(device.context, || {
-            let registry = read(&self.streams);
             device.program_freed(driver, &registry.predecessors(device.context))
         });
         if let Err(e) = ordered.and_then(|r| r) {
@@ -450,7 +454,10 @@ impl Allocator {
         };
         let result = driver.with_context_from(current, device.context, || {
             if read(&self.streams).streams_of(device.context).is_some_and(|s| !s.tails.is_empty()) {
-                write(&self.streams).of(device.context).retire_passed_tails(driver);
+                // Not worth waiting for: the next free retires them.
+                if let Ok(mut registry) = self.streams.try_write() {
+                    registry.of(device.context).retire_passed_tails(driver);
+                }
             }
             // Held through the free: no stream of the context is made or destroyed meanwhile.
             let registry = read(&self.streams);
@@ -624,13 +631,21 @@ impl Allocator {
             Ok(context) => context,
             Err(e) => return log::warn!("cannot find the context of a new stream: {e:?}"),
         };
-        let mut registry = write(&self.streams);
-        let streams = &mut registry.of(context).nonblocking;
-        streams.push(stream);
-        log::debug!("non-blocking stream {:?} made: {} live in its context", stream.0, streams.len());
-        if let Some(device) = self.pooled_device_of(context) {
+        // Lock order: captures, then streams. Held until the end: no capture
+        // may begin while the legacy stream is marked or waited for.
+        let captures = read(&self.captures);
+        let device = self.pooled_device_of(context);
+        let host_waits = {
+            let mut registry = write(&self.streams);
+            let streams = &mut registry.of(context).nonblocking;
+            streams.push(stream);
+            log::debug!("non-blocking stream {:?} made: {} live in its context", stream.0, streams.len());
             // A host wait on the legacy stream would break a global capture.
-            if let Err(e) = device.leave_legacy_stream(driver, stream, self.capture_in_progress()) {
+            device.as_ref().map(|device| (device, device.leave_legacy_stream(driver, stream, !captures.is_empty())))
+        };
+        // The host waits without the registry: frees of other threads go on.
+        if let Some((device, marked)) = host_waits {
+            if let Err(e) = marked.and_then(|wait| if wait { device.wait_for_legacy_mark(driver) } else { Ok(()) }) {
                 log::warn!("device {}: waiting for the legacy stream failed: {e:?}", device.ordinal);
             }
         }
@@ -639,13 +654,14 @@ impl Allocator {
     /// Called before a stream is destroyed: its last work stays a
     /// predecessor of later frees until the GPU has passed it.
     pub fn stream_destroying(&self, driver: &impl Gpu, stream: Stream) {
+        let captures = read(&self.captures);
         let mut registry = write(&self.streams);
         let Some((context, streams)) = registry.holding(stream) else {
             return;
         };
         streams.nonblocking.retain(|s| *s != stream);
-        if self.is_capturing(stream) {
-            return;
+        if captures.keys().any(|(s, _)| *s == stream.0 as usize) {
+            return; // nothing may be recorded into a capture
         }
         let tail = driver.with_context(context, || {
             let event = driver.create_event()?;
@@ -655,11 +671,6 @@ impl Allocator {
             Ok(event) => streams.tails.push(event),
             Err(e) => log::warn!("cannot record the last work of a destroyed stream: {e:?}"),
         }
-    }
-
-    fn is_capturing(&self, stream: Stream) -> bool {
-        let captures = read(&self.captures);
-        captures.keys().any(|(s, _)| *s == stream.0 as usize)
     }
 
     /// Runs the real `begin` with captures locked, recording it if it succeeded.
@@ -748,13 +759,21 @@ impl Allocator {
 
     /// `accessor` gained (or lost) peer access to `owner`'s memory.
     pub fn peer_access_changed(&self, driver: &impl Gpu, owner: i32, accessor: i32, allowed: bool) {
-        let mut grants = lock(&self.peer_grants);
-        if allowed {
-            grants.insert((owner, accessor));
-        } else {
-            grants.remove(&(owner, accessor));
-        }
-        if let Some(device) = self.known_device(owner) {
+        // Lock order: devices, then grants (as `set_up`, under the devices' write lock).
+        let device = {
+            let devices = read(&self.devices);
+            let mut grants = lock(&self.peer_grants);
+            if allowed {
+                grants.insert((owner, accessor));
+            } else {
+                grants.remove(&(owner, accessor));
+            }
+            match usize::try_from(owner).ok().and_then(|i| devices.get(i)) {
+                Some(DeviceSlot::Pooled(device)) => Some(Arc::clone(device)),
+                _ => None,
+            }
+        };
+        if let Some(device) = device {
             if let Err(e) = device.set_peer_access(driver, accessor, allowed) {
                 log::warn!("device {owner}: setting access for device {accessor} failed: {e:?}");
             }

@@ -37,6 +37,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::AtomicBool;
+use std::sync::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use super::config::{Config, FreeOrder, PoolChoice};
@@ -69,6 +70,10 @@ pub struct Device {
     pending_free_limit: u64,
     /// Frees in join order, and the blocks they become.
     pending: PendingFrees,
+    /// Read by allocations on the legacy stream; written while a block may
+    /// become reusable there before every non-blocking stream waits for the
+    /// work before its free (a barrier batch, the program's `cudaFreeAsync`).
+    legacy_reuse: RwLock<()>,
 }
 
 /// Why an allocation did not come from the pool.
@@ -131,6 +136,7 @@ impl Device {
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit.resolve(total),
             pending: PendingFrees::default(),
+            legacy_reuse: RwLock::new(()),
         })
     }
 
@@ -167,6 +173,7 @@ impl Device {
             driver.synchronize_stream(stream).map_err(AllocFailure::Driver)?;
             driver.trim(self.pool).map_err(AllocFailure::Driver)?;
         }
+        let _ordered = (stream == Stream::LEGACY).then(|| self.legacy_reuse.read().unwrap_or_else(|p| p.into_inner()));
         let ptr = driver.alloc_from_pool(size, self.pool, stream).map_err(|e| {
             if e.is_out_of_memory() {
                 AllocFailure::OutOfMemory
@@ -201,7 +208,9 @@ impl Device {
         let started = Instant::now();
         let batch = match self.order {
             FreeOrder::Join => self.pending.join(&mut r, driver, self.join_stream, after),
-            FreeOrder::Barrier => self.pending.free_behind_barrier(&mut r, driver, self.legacy_free_mark, after, map),
+            FreeOrder::Barrier => {
+                self.pending.free_behind_barrier(&mut r, driver, self.legacy_free_mark, after, map, &self.legacy_reuse)
+            }
         };
         match batch {
             Ok(true) => {
@@ -287,20 +296,35 @@ impl Device {
     /// The non-blocking stream `made` is new: from now on frees are joined,
     /// and it must not use a block reused on the legacy stream before the
     /// work that block was freed after has finished. If blocks were reused
-    /// there, the host waits for the legacy stream's work so far (the real
-    /// `cudaFree` had waited for the part of it before each free), so the new
-    /// stream starts idle, as it would without the shim. While a capture
-    /// forbids touching the legacy stream, the new stream waits on the GPU
-    /// for the mark recorded when the first capture began (legacy frees are
-    /// deferred during captures, so it covers them all).
-    pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<()> {
+    /// there, the legacy stream's work so far is marked, and true returned:
+    /// the host must wait for the mark (`wait_for_legacy_mark`; the real
+    /// `cudaFree` had waited for the part of it before each free), so that
+    /// the new stream starts idle, as it would without the shim. While a
+    /// capture forbids touching the legacy stream, the new stream waits on
+    /// the GPU for the mark recorded when the first capture began (legacy
+    /// frees are deferred during captures, so it covers them all).
+    pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<bool> {
         if !self.on_legacy_stream.swap(false, Relaxed) {
-            return Ok(()); // frees were already joined: none was reused on the legacy stream
+            return Ok(false); // frees were already joined: none was reused on the legacy stream
         }
         if capturing {
-            return driver.wait_event(made, self.legacy_free_mark);
+            return driver.wait_event(made, self.legacy_free_mark).map(|()| false);
         }
-        driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+        if let Err(e) = driver.record(self.legacy_free_mark, Stream::LEGACY) {
+            // Unmarked: the new stream waits on the GPU for the last mark instead.
+            driver.wait_event(made, self.legacy_free_mark)?;
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    /// Keeps allocations off the legacy stream until the guard is dropped.
+    pub fn hold_legacy_reuse(&self) -> RwLockWriteGuard<'_, ()> {
+        self.legacy_reuse.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits on the host for the mark `leave_legacy_stream` recorded.
+    pub fn wait_for_legacy_mark(&self, driver: &impl Gpu) -> CuResult<()> {
         driver.wait_for(self.legacy_free_mark)
     }
 

@@ -28,7 +28,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::ptrmap::PointerMap;
@@ -93,8 +93,9 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl PendingFrees {
     /// The program freed `ptr`: no driver call.
     pub fn queue(&self, ptr: u64, size: u64) {
-        locked(&self.queued).push(Block { ptr, size });
+        // Counted before the reclaimer can see it: the count never falls below the queue.
         self.pending_bytes.fetch_add(size, Relaxed);
+        locked(&self.queued).push(Block { ptr, size });
     }
 
     /// A block of exactly `size` bytes whose earlier work the GPU has passed.
@@ -208,6 +209,7 @@ impl PendingFrees {
         mark: Event,
         after: &Predecessors,
         map: &PointerMap,
+        legacy_reuse: &RwLock<()>,
     ) -> CuResult<bool> {
         if r.closed {
             return Ok(false);
@@ -216,6 +218,10 @@ impl PendingFrees {
         if blocks.is_empty() {
             return Ok(false);
         }
+        // Once the legacy stream waits for a non-blocking stream, the pool may
+        // hand out there a block the program freed on it: no allocation on the
+        // legacy stream until every non-blocking stream waits for the mark.
+        let reuse_waits = legacy_reuse.write().unwrap_or_else(|p| p.into_inner());
         let ordered = (|| {
             let scratch = take_event(r, driver)?;
             let waited = after.nonblocking.iter().try_for_each(|stream| {
@@ -230,6 +236,7 @@ impl PendingFrees {
             driver.record(mark, Stream::LEGACY)?;
             after.nonblocking.iter().try_for_each(|stream| driver.wait_event(*stream, mark))
         })();
+        drop(reuse_waits);
         if let Err(e) = ordered {
             // Not ordered: the blocks go back to the queue for the next batch.
             locked(&self.queued).extend(blocks);

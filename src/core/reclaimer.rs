@@ -4,8 +4,9 @@
 //! It runs a step, then sleeps: briefly while frees wait for the GPU, long
 //! while nothing does. A free wakes it only when it sleeps long, so the
 //! program's hot path costs an atomic load. Each step holds `step`, so a
-//! fork or a device reset can wait for the step to end (`pause`). At exit,
-//! `stop` ends the thread before the CUDA runtime tears itself down.
+//! fork or a device reset can wait for the step to end (`before_fork`,
+//! `pause`). At exit, `stop` ends the thread before the CUDA runtime tears
+//! itself down, for good.
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
@@ -76,6 +77,9 @@ impl Reclaimer {
         if self.running() {
             return true;
         }
+        if self.stop.load(SeqCst) {
+            return false; // after the exit handler: frees are reclaimed by allocations
+        }
         let spawned = thread::Builder::new().name("somashim".into()).spawn(move || {
             while !self.stop.load(SeqCst) {
                 self.work.store(false, SeqCst);
@@ -133,20 +137,34 @@ impl Reclaimer {
     }
 
     /// Waits for the step in progress and keeps the next from starting until
-    /// the guard is dropped: across a `fork` (so that the child inherits no
-    /// lock held by a thread it will not have) and a device reset (so that no
-    /// step touches the device's streams as they are destroyed).
+    /// the guard is dropped, so that no step touches a device's streams as a
+    /// reset destroys them.
     pub fn pause(&self) -> MutexGuard<'_, ()> {
         locked(&self.step)
     }
 
-    /// In the child of a fork: the thread did not come along.
-    pub fn forked_child(&self) {
-        if let Some(handle) = locked(&self.thread).take() {
+    /// Before `fork`: no step under way and the thread's handle not in use,
+    /// so that the child inherits no lock held by a thread it will not have.
+    pub fn before_fork(&self) -> ForkPause<'_> {
+        let step = locked(&self.step);
+        ForkPause { _step: step, thread: locked(&self.thread) }
+    }
+}
+
+/// The reclaimer's locks, held across a `fork` by the forking thread.
+pub struct ForkPause<'a> {
+    _step: MutexGuard<'a, ()>,
+    thread: MutexGuard<'a, Option<JoinHandle<()>>>,
+}
+
+impl ForkPause<'_> {
+    /// In the child: the thread did not come along.
+    pub fn in_child(mut self, reclaimer: &Reclaimer) {
+        if let Some(handle) = self.thread.take() {
             // Its thread is not in this process: nothing to join or detach.
             std::mem::forget(handle);
         }
-        self.running.store(false, SeqCst);
-        self.stop.store(false, SeqCst);
+        reclaimer.running.store(false, SeqCst);
+        reclaimer.stop.store(false, SeqCst);
     }
 }

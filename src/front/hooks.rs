@@ -16,6 +16,7 @@ use super::caller::{self, CallerFilter};
 use crate::core::allocator::{Allocator, Freed};
 use crate::core::config::{Config, MemInfo, StatsOutput};
 use crate::core::passthrough::Passthrough;
+use crate::core::reclaimer::ForkPause;
 use crate::core::stats::{self, Timing};
 use crate::cuda::driver::{self, Driver};
 use crate::cuda::gpu::{Context, Gpu, Stream};
@@ -98,30 +99,31 @@ extern "C" fn at_exit() {
 }
 
 thread_local! {
-    /// The reclaimer's step lock, held by the forking thread across `fork`.
-    static FORK_GUARD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, ()>>> =
-        const { std::cell::RefCell::new(None) };
+    /// The reclaimer's locks, held by the forking thread across `fork`.
+    static FORK_PAUSE: std::cell::RefCell<Option<ForkPause<'static>>> = const { std::cell::RefCell::new(None) };
 }
 
-/// Before `fork`: no reclaimer step may be under way, so that the child
-/// inherits no lock held by a thread it will not have.
+/// Before `fork`: no step of the shim's thread under way, and none of its
+/// locks held, so that the child inherits no lock held by a thread it will
+/// not have.
 extern "C" fn before_fork() {
-    let guard = allocator().reclaimer.pause();
-    let _ = FORK_GUARD.try_with(|slot| *slot.borrow_mut() = Some(guard));
+    let pause = allocator().reclaimer.before_fork();
+    let _ = FORK_PAUSE.try_with(|slot| *slot.borrow_mut() = Some(pause));
 }
 
 extern "C" fn after_fork_in_parent() {
-    let _ = FORK_GUARD.try_with(|slot| slot.borrow_mut().take());
+    let _ = FORK_PAUSE.try_with(|slot| slot.borrow_mut().take());
 }
 
 /// In the child: the reclaimer thread did not come along, and the reports
 /// go to files of the child's own.
 extern "C" fn after_fork_in_child() {
-    let _ = FORK_GUARD.try_with(|slot| slot.borrow_mut().take());
     // A panic here must not unwind into libc's fork.
     let _ = std::panic::catch_unwind(|| {
         let allocator = allocator();
-        allocator.reclaimer.forked_child();
+        if let Ok(Some(pause)) = FORK_PAUSE.try_with(|slot| slot.borrow_mut().take()) {
+            pause.in_child(&allocator.reclaimer);
+        }
         allocator.after_fork();
     });
 }
