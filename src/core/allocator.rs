@@ -8,10 +8,11 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use super::config::{Config, StatsOutput};
+use super::locks::{lock, read, write};
 use super::device::{AllocFailure, Device, FreePath, Wait};
 use super::pending::Predecessors;
 use super::reclaimer::{Activity, Reclaimer};
@@ -92,21 +93,6 @@ pub enum Freed {
     DoubleFree,
     /// Not the pool's: the real free must handle it.
     NotOurs,
-}
-
-/// A poisoned lock only means a panic was caught at an export; every update
-/// under these locks is a single insert or removal, so the data is consistent.
-/// (`lock`, `read`, `write`: take the lock whatever.)
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|p| p.into_inner())
-}
-
-fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Allocator {

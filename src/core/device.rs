@@ -41,6 +41,7 @@ use std::sync::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use super::config::{Config, FreeOrder, PoolChoice};
+use super::locks::{read, write};
 use super::pending::{PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
@@ -173,7 +174,7 @@ impl Device {
             driver.synchronize_stream(stream).map_err(AllocFailure::Driver)?;
             driver.trim(self.pool).map_err(AllocFailure::Driver)?;
         }
-        let _ordered = (stream == Stream::LEGACY).then(|| self.legacy_reuse.read().unwrap_or_else(|p| p.into_inner()));
+        let _ordered = (stream == Stream::LEGACY).then(|| read(&self.legacy_reuse));
         let ptr = driver.alloc_from_pool(size, self.pool, stream).map_err(|e| {
             if e.is_out_of_memory() {
                 AllocFailure::OutOfMemory
@@ -320,7 +321,7 @@ impl Device {
 
     /// Keeps allocations off the legacy stream until the guard is dropped.
     pub fn hold_legacy_reuse(&self) -> RwLockWriteGuard<'_, ()> {
-        self.legacy_reuse.write().unwrap_or_else(|p| p.into_inner())
+        write(&self.legacy_reuse)
     }
 
     /// Waits on the host for the mark `leave_legacy_stream` recorded.

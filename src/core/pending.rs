@@ -28,9 +28,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
+use std::sync::{Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
+use super::locks::{lock, try_lock, write};
 use super::ptrmap::PointerMap;
 use crate::cuda::gpu::{CuResult, Event, Gpu, Stream};
 
@@ -84,18 +85,12 @@ pub struct Reclaiming {
     closed: bool,
 }
 
-/// A poisoned lock only means a panic was caught at an export; at worst a
-/// block is not reused (leaked), never reused unsafely.
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl PendingFrees {
     /// The program freed `ptr`: no driver call.
     pub fn queue(&self, ptr: u64, size: u64) {
         // Counted before the reclaimer can see it: the count never falls below the queue.
         self.pending_bytes.fetch_add(size, Relaxed);
-        locked(&self.queued).push(Block { ptr, size });
+        lock(&self.queued).push(Block { ptr, size });
     }
 
     /// A block of exactly `size` bytes whose earlier work the GPU has passed.
@@ -103,7 +98,7 @@ impl PendingFrees {
         if self.cached_bytes.load(Relaxed) == 0 {
             return None;
         }
-        let ptr = locked(&self.cache).get_mut(&size)?.pop()?.ptr;
+        let ptr = lock(&self.cache).get_mut(&size)?.pop()?.ptr;
         self.cached_bytes.fetch_sub(size, Relaxed);
         Some(ptr)
     }
@@ -123,16 +118,12 @@ impl PendingFrees {
 
     /// The reclaiming lock, waiting for it.
     pub fn reclaiming(&self) -> MutexGuard<'_, Reclaiming> {
-        locked(&self.reclaiming)
+        lock(&self.reclaiming)
     }
 
     /// The reclaiming lock if no other thread holds it.
     pub fn try_reclaiming(&self) -> Option<MutexGuard<'_, Reclaiming>> {
-        match self.reclaiming.try_lock() {
-            Ok(guard) => Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
+        try_lock(&self.reclaiming)
     }
 
     /// Joins every queued block: `join_stream` waits for the work issued so
@@ -144,7 +135,7 @@ impl PendingFrees {
         if r.closed {
             return Ok(false);
         }
-        let blocks = std::mem::take(&mut *locked(&self.queued));
+        let blocks = std::mem::take(&mut *lock(&self.queued));
         if blocks.is_empty() {
             return Ok(false);
         }
@@ -152,12 +143,12 @@ impl PendingFrees {
         let joined = self.record_join(r, driver, join_stream, after);
         match joined {
             Ok(done) => {
-                locked(&self.joined).push_back(Batch { blocks, bytes, done });
+                lock(&self.joined).push_back(Batch { blocks, bytes, done });
                 Ok(true)
             }
             Err(e) => {
                 // Not ordered: the blocks go back to the queue for the next join.
-                locked(&self.queued).extend(blocks);
+                lock(&self.queued).extend(blocks);
                 Err(e)
             }
         }
@@ -214,14 +205,14 @@ impl PendingFrees {
         if r.closed {
             return Ok(false);
         }
-        let blocks = std::mem::take(&mut *locked(&self.queued));
+        let blocks = std::mem::take(&mut *lock(&self.queued));
         if blocks.is_empty() {
             return Ok(false);
         }
         // Once the legacy stream waits for a non-blocking stream, the pool may
         // hand out there a block the program freed on it: no allocation on the
         // legacy stream until every non-blocking stream waits for the mark.
-        let reuse_waits = legacy_reuse.write().unwrap_or_else(|p| p.into_inner());
+        let reuse_waits = write(legacy_reuse);
         let ordered = (|| {
             let scratch = take_event(r, driver)?;
             let waited = after.nonblocking.iter().try_for_each(|stream| {
@@ -239,7 +230,7 @@ impl PendingFrees {
         drop(reuse_waits);
         if let Err(e) = ordered {
             // Not ordered: the blocks go back to the queue for the next batch.
-            locked(&self.queued).extend(blocks);
+            lock(&self.queued).extend(blocks);
             return Err(e);
         }
         for block in blocks {
@@ -278,17 +269,17 @@ impl PendingFrees {
     }
 
     fn oldest_done(&self) -> Option<Event> {
-        locked(&self.joined).front().map(|batch| batch.done)
+        lock(&self.joined).front().map(|batch| batch.done)
     }
 
     fn cache_oldest(&self, r: &mut Reclaiming) {
-        let Some(batch) = locked(&self.joined).pop_front() else {
+        let Some(batch) = lock(&self.joined).pop_front() else {
             return;
         };
         r.spare_events.push(batch.done);
         let now = Instant::now();
         {
-            let mut cache = locked(&self.cache);
+            let mut cache = lock(&self.cache);
             // Counted before a block can be taken: the count never falls below the cache.
             self.cached_bytes.fetch_add(batch.bytes, Relaxed);
             for block in batch.blocks {
@@ -308,7 +299,7 @@ impl PendingFrees {
         let now = Instant::now();
         let mut released = Vec::new();
         {
-            let mut cache = locked(&self.cache);
+            let mut cache = lock(&self.cache);
             for (&size, blocks) in cache.iter_mut() {
                 // Oldest first: blocks are pushed in time order and popped from the back.
                 let keep_from = if everything {
@@ -333,13 +324,13 @@ impl PendingFrees {
     pub fn close(&self) -> (Vec<u64>, Vec<Event>) {
         let mut r = self.reclaiming();
         r.closed = true;
-        let mut ptrs: Vec<u64> = locked(&self.queued).drain(..).map(|b| b.ptr).collect();
+        let mut ptrs: Vec<u64> = lock(&self.queued).drain(..).map(|b| b.ptr).collect();
         let mut events = std::mem::take(&mut r.spare_events);
-        for batch in locked(&self.joined).drain(..) {
+        for batch in lock(&self.joined).drain(..) {
             ptrs.extend(batch.blocks.iter().map(|b| b.ptr));
             events.push(batch.done);
         }
-        ptrs.extend(locked(&self.cache).drain().flat_map(|(_, blocks)| blocks.into_iter().map(|b| b.ptr)));
+        ptrs.extend(lock(&self.cache).drain().flat_map(|(_, blocks)| blocks.into_iter().map(|b| b.ptr)));
         self.pending_bytes.store(0, Relaxed);
         self.cached_bytes.store(0, Relaxed);
         (ptrs, events)

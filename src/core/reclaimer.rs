@@ -13,6 +13,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use super::locks::lock;
+
 /// How long the thread sleeps, at least, while frees wait for the GPU.
 const POLL: Duration = Duration::from_micros(50);
 /// After ordering a batch for N us, it sleeps N * BUSY_SHARE us: a join
@@ -56,10 +58,6 @@ pub struct Reclaimer {
     step: Mutex<()>,
 }
 
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl Reclaimer {
     pub fn running(&self) -> bool {
         self.running.load(SeqCst)
@@ -73,7 +71,7 @@ impl Reclaimer {
     /// Starts the thread, which runs `step` until `stop` (once; false if it
     /// could not be started, and then the caller reclaims on its own).
     pub fn start(&'static self, mut step: impl FnMut() -> Activity + Send + 'static) -> bool {
-        let mut thread = locked(&self.thread);
+        let mut thread = lock(&self.thread);
         if self.running() {
             return true;
         }
@@ -84,7 +82,7 @@ impl Reclaimer {
             while !self.stop.load(SeqCst) {
                 self.work.store(false, SeqCst);
                 let activity = {
-                    let _step = locked(&self.step);
+                    let _step = lock(&self.step);
                     step()
                 };
                 if let Activity::Pending(ordering) = activity {
@@ -119,7 +117,7 @@ impl Reclaimer {
             self.work.store(true, SeqCst);
         }
         if self.sleeping.load(SeqCst) {
-            if let Some(handle) = locked(&self.thread).as_ref() {
+            if let Some(handle) = lock(&self.thread).as_ref() {
                 handle.thread().unpark();
             }
         }
@@ -128,7 +126,7 @@ impl Reclaimer {
     /// Ends the thread and waits for it (at exit).
     pub fn stop(&self) {
         self.stop.store(true, SeqCst);
-        let handle = locked(&self.thread).take();
+        let handle = lock(&self.thread).take();
         if let Some(handle) = handle {
             handle.thread().unpark();
             let _ = handle.join();
@@ -140,14 +138,14 @@ impl Reclaimer {
     /// the guard is dropped, so that no step touches a device's streams as a
     /// reset destroys them.
     pub fn pause(&self) -> MutexGuard<'_, ()> {
-        locked(&self.step)
+        lock(&self.step)
     }
 
     /// Before `fork`: no step under way and the thread's handle not in use,
     /// so that the child inherits no lock held by a thread it will not have.
     pub fn before_fork(&self) -> ForkPause<'_> {
-        let step = locked(&self.step);
-        ForkPause { _step: step, thread: locked(&self.thread) }
+        let step = lock(&self.step);
+        ForkPause { _step: step, thread: lock(&self.thread) }
     }
 }
 

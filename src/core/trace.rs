@@ -13,9 +13,10 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::locks::lock;
 use super::output;
 
 pub const HEADER: &str = "time_us,device,op,size,ptr,in_use,reserved\n";
@@ -74,10 +75,6 @@ thread_local! {
     /// This thread's buffer, and the sink it belongs to (a thread that forked
     /// still holds its parent's, which the child must not write).
     static BUFFER: RefCell<Option<(&'static Sink, Buffer)>> = const { RefCell::new(None) };
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Sink {

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::Mutex;
 
+use crate::core::locks::lock;
+
 /// The file of the loaded object containing `address`, if any.
 pub fn object_of(address: usize) -> Option<String> {
     // SAFETY: all-zero is a valid Dl_info; dladdr only reads the address.
@@ -41,7 +43,7 @@ pub struct CallerFilter {
 
 impl CallerFilter {
     pub fn is_listed(&self, caller: usize, names: &[String]) -> bool {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = lock(&self.seen);
         *seen.entry(caller).or_insert_with(|| object_of(caller).is_some_and(|path| matches(&path, names)))
     }
 }
