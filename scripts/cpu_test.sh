@@ -34,7 +34,7 @@ FAKE=$B/fake
 BIN=$B/bin
 RUNS=$B/runs
 mkdir -p "$FAKE" "$BIN" "$RUNS"
-rm -f "$RUNS"/* "$BIN"/* "$FAKE"/* # nothing stale may pass for a fresh build
+rm -rf "$RUNS"/* "$BIN"/* "$FAKE"/* # nothing stale may pass for a fresh build
 
 PASSED=0
 FAILED=0

@@ -10,16 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../exit_on_error.h"
 #include "fakecuda.h"
-
-#define CK(call)                                                                           \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
 
 int main(int argc, char **argv) {
   long iters_1m = argc > 1 ? atol(argv[1]) : 2000;

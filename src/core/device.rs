@@ -215,7 +215,7 @@ impl Device {
         };
         match batch {
             Ok(true) => {
-                counters.joins.fetch_add(1, Relaxed);
+                counters.batches.fetch_add(1, Relaxed);
             }
             Ok(false) => {}
             // A reset the shim does not see (the static runtime's) destroys the

@@ -23,7 +23,7 @@ pub struct DeviceCounters {
     pub queued_frees: AtomicU64,
     /// Batches of queued frees ordered (joins, or barriers), each covering
     /// every free queued before it.
-    pub joins: AtomicU64,
+    pub batches: AtomicU64,
     /// Allocations served from blocks whose work had passed, with no driver call.
     pub cache_hits: AtomicU64,
     pub in_use: AtomicU64,
@@ -171,7 +171,7 @@ impl Stats {
             count(&mut out, "frees on the legacy stream", d.legacy_stream_frees.load(Relaxed));
             count(&mut out, "frees behind barriers", d.barrier_frees.load(Relaxed));
             count(&mut out, "frees joined in batches", d.queued_frees.load(Relaxed));
-            count(&mut out, "batches ordered", d.joins.load(Relaxed));
+            count(&mut out, "batches ordered", d.batches.load(Relaxed));
             count(&mut out, "allocations from passed frees", d.cache_hits.load(Relaxed));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
