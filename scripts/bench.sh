@@ -11,8 +11,9 @@
 # and two tables (scripts/bench_table.awk):
 #  1. the allocation call: per-iteration host time (alloc + 1-block kernel +
 #     free, median after warm-up) for 256 B .. 1 GiB, varying sizes (nlp),
-#     4 threads, 4 x 4 GiB on 4 streams, and the host stall of a small pair
-#     while a ~1 ms kernel runs on a non-blocking stream; the ratios, r/u;
+#     4 threads, 4 x 4 GiB on 4 streams, the host stall of a small pair
+#     while a ~1 ms kernel runs on a non-blocking stream, and a pitched
+#     allocation (cudaMallocPitch, 1000 x 1000 bytes); the ratios, r/u;
 #  2. issue 12: the 1 MiB pair on the legacy stream with 0, 1, 8, 64, 256 idle
 #     non-blocking streams alive, and 1, 4, 8, 16 host threads (each on its
 #     own non-blocking stream, or all on the legacy stream); real, shim and
@@ -122,6 +123,7 @@ PARTS=(
   "threads|threads-legacy:4|threads-legacy:4|all"
   "4x4G|streams4x4G|streams|all"
   "stall|stall|stall|all"
+  "pitch|pitch2d|pitch|all"
   "streams|idle-nb:0|idle-nb:0|rsa"
   "streams|idle-nb:1|idle-nb:1|rsa"
   "streams|idle-nb:8|idle-nb:8|rsa"
@@ -218,7 +220,8 @@ nlp: 8 live blocks of 4 KiB..128 MiB, the oldest freed each time; threadsN: N ho
   host time, as the thread that made it timed it (not wall time / iterations); idle-nbN: the
   1 MiB pair on the legacy stream, median of 2000, while N idle non-blocking streams are alive
   (made at start, in every mode); streams4x4G: four 4 GiB blocks live, one per non-blocking stream
-  (time of a whole round); stall: a 256 B pair while a ~1 ms kernel runs on a non-blocking stream.
+  (time of a whole round); stall: a 256 B pair while a ~1 ms kernel runs on a non-blocking stream;
+  pitch2d: cudaMallocPitch of 1000 rows of 1000 bytes (async: cudaMallocAsync of pitch x rows).
 r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a proxy for the pool's
   reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held, counted as at
   least 1 MiB; for shim, shim+nb and async (the device's default pool).

@@ -79,7 +79,7 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork)
+  fork pitch memory_limit)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -184,11 +184,21 @@ next_key() {
 compare() {
   local name=$1 test=$2
   shift 2
+  compare_settings "$name" "$test" "$*" "$*"
+}
+
+# compare_settings NAME TEST NATIVE_SETTINGS SHIM_SETTINGS: as compare, each
+# run with its own settings (VAR=VALUE words): a shim setting that must make
+# the program see what another setting gives it natively.
+compare_settings() {
+  local name=$1 test=$2 native_settings shim_settings
+  read -ra native_settings <<<"$3"
+  read -ra shim_settings <<<"$4"
   wanted "$name" || return 0
   next_key
   local kn=${KEY}n ks=${KEY}s
-  run native "$kn" "$BIN/$test" "$@"
-  run shim "$ks" "$BIN/$test" "$@"
+  run native "$kn" "$BIN/$test" "${native_settings[@]}"
+  run shim "$ks" "$BIN/$test" "${shim_settings[@]}"
   local why=()
   [ "$(rc_of "$kn")" = 0 ] || why+=("$(explain "$kn" native)")
   [ "$(rc_of "$ks")" = 0 ] || why+=("$(explain "$ks" shim)")
@@ -322,6 +332,8 @@ bad_config SOMA_REUSE_FOLLOW_EVENT_DEPS perhaps
 bad_config SOMA_REUSE_OPPORTUNISTIC 10
 bad_config SOMA_REUSE_INTERNAL_DEPS x
 bad_config SOMA_PENDING_FREE_LIMIT lots
+bad_config SOMA_MEMORY_LIMIT 150%
+bad_config SOMA_MEMORY_LIMIT half
 bad_config SOMA_DISABLE $'1\xff' '1\xff'        # not UTF-8: not taken as unset
 bad_config SOMA_DISABLE $'\u00a01' '\u{a0}1'    # only ASCII whitespace is trimmed
 bad_config SOMA_DISABEL 1                        # a misspelt variable
@@ -352,6 +364,17 @@ compare "oom, lazy GPU" oom "$MEM64" FAKECUDA_LAZY_GPU=1
 compare "oom, lazy GPU, SOMA_POOL=default" oom "$MEM64" FAKECUDA_LAZY_GPU=1 SOMA_POOL=default
 compare "oom SOMA_POOL=default SOMA_REUSE_FOLLOW_EVENT_DEPS=0 SOMA_REUSE_OPPORTUNISTIC=0" oom "$MEM64" \
   SOMA_POOL=default SOMA_REUSE_FOLLOW_EVENT_DEPS=0 SOMA_REUSE_OPPORTUNISTIC=0
+# SOMA_MEMORY_LIMIT: a 256 MiB device limited to 64 MiB is, to the program, a 64 MiB device
+compare_settings "SOMA_MEMORY_LIMIT=64MiB on a 256 MiB device, as a 64 MiB device" memory_limit "$MEM64" \
+  "FAKECUDA_MEM_LIMIT=268435456 SOMA_MEMORY_LIMIT=64MiB"
+compare_settings "SOMA_MEMORY_LIMIT=25% on a 256 MiB device, as a 64 MiB device" memory_limit "$MEM64" \
+  "FAKECUDA_MEM_LIMIT=268435456 SOMA_MEMORY_LIMIT=25%"
+compare_settings "SOMA_MEMORY_LIMIT=64MiB, lazy GPU, a non-blocking stream (frees queued)" memory_limit \
+  "$MEM64 FAKECUDA_LAZY_GPU=1 MAKE_NONBLOCKING_STREAM=1" "FAKECUDA_MEM_LIMIT=268435456 SOMA_MEMORY_LIMIT=64MiB FAKECUDA_LAZY_GPU=1 MAKE_NONBLOCKING_STREAM=1"
+# pitched allocations
+compare "pitched allocations" pitch
+compare "pitched allocations, runtime resolving the driver by cuGetProcAddress" pitch FAKECUDA_RT_PROCADDR=1
+compare "pitched allocations SOMA_MAX_BYTES=64KiB (larger ones pass through)" pitch SOMA_MAX_BYTES=64KiB
 # 8. no pool support
 compare "no pool support" nopools FAKECUDA_NO_POOLS=1
 compare "no pool support, routing" routing FAKECUDA_NO_POOLS=1

@@ -138,6 +138,10 @@ streams_destroyed@internal_deps|streams_destroyed||SOMA_REUSE_INTERNAL_DEPS=1|1|
 mixed@internal_deps|mixed||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 errors@internal_deps|errors||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 meminfo|meminfo||SOMA_MEMINFO=pool|1|-
+memory_limit|memory_limit||SOMA_MEMORY_LIMIT=4GiB|1|-
+memory_limit@nonblocking|memory_limit|--nonblocking|SOMA_MEMORY_LIMIT=4GiB|1|-
+memory_limit@share|memory_limit||SOMA_MEMORY_LIMIT=5%|1|-
+pitch|pitch|||1|=
 ipc@passthrough_callers|ipc||SOMA_PASSTHROUGH_CALLERS=ipc|1|-
 capture_modes|capture_modes|||1|=
 capture_modes@barrier|capture_modes||SOMA_FREE_ORDER=barrier|1|-
@@ -158,7 +162,7 @@ EOF
 # The same programs built with the static runtime (all of them) and as
 # driver-API programs (those whose checks are about allocation and ordering).
 # own_context calls no runtime function: its static build is the same program.
-DRIVER_API_TESTS=" streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork "
+DRIVER_API_TESTS=" memory_limit streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork "
 while IFS='|' read -r name prog args envs gpus _; do
   case $name in *@* | own_context) continue ;; esac
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"

@@ -26,31 +26,51 @@ pub use crate::core::config::{Config, VARIABLES};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda::real::{driver as cu, runtime as rt};
-use front::driver_door::{EntryPoint, INVALID_VALUE};
+use front::driver_door::{EntryPoint, INVALID_VALUE, OUT_OF_MEMORY};
+use front::runtime_door::{Extent, PitchedPtr};
 use front::guard::guarded;
 
 type Handle = *mut c_void;
 
 // ---- the runtime front door --------------------------------------------------
 
-/// `cudaMalloc` and `cuMemAlloc_v2` pass their caller's return address to
-/// the hook as a third argument: a two-instruction trampoline with no frame
-/// of its own (x86-64 System V: the third argument goes in rdx).
+/// The allocating exports pass their caller's return address to the hook as
+/// one more argument, in the register the x86-64 System V convention gives
+/// the next integer argument: a two-instruction trampoline with no frame of
+/// its own, so the stack (and any argument passed there) is the caller's.
 macro_rules! with_caller {
-    ($export:ident($($arg:ident: $ty:ty),*) => $hook:ident) => {
+    ($export:ident($($arg:ident: $ty:ty),*) => $hook:ident in $register:literal) => {
         #[unsafe(naked)]
         #[no_mangle]
         pub unsafe extern "C" fn $export($($arg: $ty),*) -> u32 {
-            std::arch::naked_asm!("mov rdx, qword ptr [rsp]", "jmp {hook}", hook = sym $hook)
+            std::arch::naked_asm!(concat!("mov ", $register, ", qword ptr [rsp]"), "jmp {hook}", hook = sym $hook)
         }
     };
 }
 
-with_caller!(cudaMalloc(ptr: *mut Handle, size: usize) => cuda_malloc_from);
+with_caller!(cudaMalloc(ptr: *mut Handle, size: usize) => cuda_malloc_from in "rdx");
 
 unsafe extern "C" fn cuda_malloc_from(ptr: *mut Handle, size: usize, caller: usize) -> u32 {
     let real = || unsafe { rt::cudaMalloc(ptr, size) };
-    guarded(|| unsafe { front::hooks::malloc(ptr.cast(), size, caller, front::runtime_door::make_context_current, real) }, real)
+    let door = front::runtime_door::make_context_current;
+    guarded(|| unsafe { front::hooks::malloc(ptr.cast(), size, caller, door, front::runtime_door::out_of_memory, real) }, real)
+}
+
+with_caller!(cudaMallocPitch(ptr: *mut Handle, pitch: *mut usize, width: usize, height: usize) => cuda_malloc_pitch_from in "r8");
+
+unsafe extern "C" fn cuda_malloc_pitch_from(ptr: *mut Handle, pitch: *mut usize, width: usize, height: usize, caller: usize) -> u32 {
+    let real = || unsafe { rt::cudaMallocPitch(ptr, pitch, width, height) };
+    let (door, oom) = (front::runtime_door::make_context_current, front::runtime_door::out_of_memory);
+    guarded(|| unsafe { front::hooks::malloc_pitch(ptr.cast(), pitch, width, height, caller, door, oom, real) }, real)
+}
+
+// The extent (three words) is passed on the stack, so the caller's address
+// goes in the second integer register.
+with_caller!(cudaMalloc3D(ptr: *mut PitchedPtr, extent: Extent) => cuda_malloc_3d_from in "rsi");
+
+unsafe extern "C" fn cuda_malloc_3d_from(ptr: *mut PitchedPtr, extent: Extent, caller: usize) -> u32 {
+    let real = || unsafe { rt::cudaMalloc3D(ptr.cast(), extent) };
+    guarded(|| unsafe { front::hooks::malloc_3d(ptr, extent, caller, real) }, real)
 }
 
 #[no_mangle]
@@ -169,16 +189,32 @@ pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: Handle, ptr: Handle) -> u32
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> u32 {
     let real = || unsafe { rt::cudaMemGetInfo(free, total) };
-    guarded(|| unsafe { front::hooks::mem_get_info(free, real) }, real)
+    guarded(|| unsafe { front::hooks::mem_get_info(free, total, real) }, real)
 }
 
 // ---- the driver front door ---------------------------------------------------
 
-with_caller!(cuMemAlloc_v2(ptr: *mut u64, size: usize) => cu_mem_alloc_from);
+with_caller!(cuMemAlloc_v2(ptr: *mut u64, size: usize) => cu_mem_alloc_from in "rdx");
 
 unsafe extern "C" fn cu_mem_alloc_from(ptr: *mut u64, size: usize, caller: usize) -> u32 {
     let real = || unsafe { cu::cuMemAlloc_v2(ptr, size) };
-    guarded(|| unsafe { front::hooks::malloc(ptr, size, caller, || false, real) }, real)
+    guarded(|| unsafe { front::hooks::malloc(ptr, size, caller, || false, || OUT_OF_MEMORY, real) }, real)
+}
+
+with_caller!(cuMemAllocPitch_v2(ptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint)
+    => cu_mem_alloc_pitch_from in "r9");
+
+unsafe extern "C" fn cu_mem_alloc_pitch_from(
+    ptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_bytes: c_uint,
+    caller: usize,
+) -> u32 {
+    let real = || unsafe { cu::cuMemAllocPitch_v2(ptr, pitch, width, height, element_bytes) };
+    let pooled = front::driver_door::pitch_element_size_is_valid(element_bytes);
+    guarded(|| unsafe { front::hooks::malloc_pitch_driver(ptr, pitch, width, height, pooled, caller, real) }, real)
 }
 
 #[no_mangle]
@@ -295,7 +331,7 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(handle: Handle, ptr: u64) -> u32 {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> u32 {
     let real = || unsafe { cu::cuMemGetInfo_v2(free, total) };
-    guarded(|| unsafe { front::hooks::mem_get_info(free, real) }, real)
+    guarded(|| unsafe { front::hooks::mem_get_info(free, total, real) }, real)
 }
 
 #[no_mangle]
@@ -321,8 +357,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 /// What `dlsym` and `cuGetProcAddress` answer with the shim's function
 /// instead of the driver's (matched on the driver's own answer, so the
 /// driver picks the variant for each version and per-thread flag).
-static DRIVER_ENTRY_POINTS: [EntryPoint; 20] = [
+static DRIVER_ENTRY_POINTS: [EntryPoint; 21] = [
     EntryPoint(c"cuMemAlloc_v2", cuMemAlloc_v2 as *const ()),
+    EntryPoint(c"cuMemAllocPitch_v2", cuMemAllocPitch_v2 as *const ()),
     EntryPoint(c"cuMemFree_v2", cuMemFree_v2 as *const ()),
     EntryPoint(c"cuMemFreeAsync", cuMemFreeAsync as *const ()),
     EntryPoint(c"cuMemFreeAsync_ptsz", cuMemFreeAsync_ptsz as *const ()),

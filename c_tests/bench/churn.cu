@@ -253,6 +253,40 @@ static void scenario_idle_nb(int nstreams, long long base, double *t) {
   report(name, t, REPS, 1048576.0, peak_used);
 }
 
+/* pitch2d: a 1000-byte x 1000-row image, cudaMallocPitch + kernel + cudaFree
+ * on the legacy stream; async: cudaMallocAsync of the same pitch x rows
+ * there (the pitch asked once of the real cudaMallocPitch, as a hand-written
+ * program would compute it). */
+static void scenario_pitch(long long base, double *t) {
+  enum { REPS = 3000, WARM = 50 };
+  const size_t width = 1000, rows = 1000;
+  size_t pitch = 0;
+  void *p = NULL;
+  CK(cudaMallocPitch(&p, &pitch, width, rows));
+  CK(cudaFree(p));
+  long long peak_used = 0;
+  for (int r = -WARM; r < REPS; r++) {
+    size_t got = pitch;
+    double t0 = now_us();
+    if (g_async) CK(cudaMallocAsync(&p, pitch * rows, 0));
+    else CK(cudaMallocPitch(&p, &got, width, rows));
+    touch<<<1, 32>>>((unsigned *)p, (unsigned)r);
+    release_on(p, 0);
+    double dt = now_us() - t0;
+    CK(cudaGetLastError());
+    if (got != pitch) {
+      fprintf(stderr, "pitch %zu, then %zu\n", pitch, got);
+      exit(1);
+    }
+    if (r >= 0) {
+      t[r] = dt;
+      if (r % 50 == 0 && used_now() - base > peak_used) peak_used = used_now() - base;
+    }
+  }
+  CK(cudaDeviceSynchronize());
+  report("pitch2d", t, REPS, (double)(pitch * rows), peak_used);
+}
+
 /* One size's loop: alloc, kernel, free on the legacy stream (or on s, async). */
 static void churn_size(size_t n, int reps, cudaStream_t s, long long base, double *t) {
   const int warm = 50;
@@ -327,7 +361,7 @@ int main(int argc, char **argv) {
   const char *part = argc > 2 ? argv[2] : NULL;
   if (argc < 2 || argc > 3 || (!g_async && strcmp(argv[1], "real") != 0)) {
     fprintf(stderr,
-            "usage: %s real|async [size:<bytes>|nlp|threads[:<n>]|threads-legacy[:<n>]|streams|stall|idle-nb:<n>]\n",
+            "usage: %s real|async [size:<bytes>|nlp|threads[:<n>]|threads-legacy[:<n>]|streams|stall|idle-nb:<n>|pitch]\n",
             argv[0]);
     return 2;
   }
@@ -412,6 +446,10 @@ int main(int argc, char **argv) {
     ran++;
   } else if (idle_nb_n >= 0) {
     scenario_idle_nb(idle_nb_n, base, t);
+    ran++;
+  }
+  if (!part || strcmp(part, "pitch") == 0) {
+    scenario_pitch(base, t);
     ran++;
   }
   if (!part || strcmp(part, "stall") == 0) {

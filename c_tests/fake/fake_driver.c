@@ -1324,6 +1324,20 @@ CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   RET(CUDA_SUCCESS);
 }
 
+/* Rows aligned to 512 bytes, as the real driver aligns them (docs/FACTS.md). */
+#define FAKECUDA_PITCH_ALIGNMENT 512
+
+CUresult cuMemAllocPitch(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                         unsigned int ElementSizeBytes) {
+  if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) return CUDA_ERROR_INVALID_VALUE;
+  size_t pitch = (WidthInBytes + FAKECUDA_PITCH_ALIGNMENT - 1) / FAKECUDA_PITCH_ALIGNMENT * FAKECUDA_PITCH_ALIGNMENT;
+  if (pitch < WidthInBytes || Height > SIZE_MAX / pitch) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r = cuMemAlloc(dptr, pitch * Height);
+  if (r == CUDA_SUCCESS) *pPitch = pitch;
+  return r;
+}
+
 static void free_plain(struct alloc *a) {
   g_used[a->dev] -= a->rsize;
   CNT(plain_frees);
@@ -1592,6 +1606,7 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuStreamIsCapturing", cuStreamIsCapturing),
     PROC("cuGraphDestroy", cuGraphDestroy),
     PROC("cuMemAlloc", cuMemAlloc_v2),
+    PROC("cuMemAllocPitch", cuMemAllocPitch_v2),
     PROC("cuMemFree", cuMemFree_v2),
     PROC("cuMemGetInfo", cuMemGetInfo_v2),
     PROC("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync),

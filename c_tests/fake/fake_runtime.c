@@ -47,6 +47,7 @@
   X(cuStreamIsCapturing, "cuStreamIsCapturing")                 \
   X(cuGraphDestroy, "cuGraphDestroy")                           \
   X(cuMemAlloc_v2, "cuMemAlloc")                                \
+  X(cuMemAllocPitch_v2, "cuMemAllocPitch")                      \
   X(cuMemFree_v2, "cuMemFree")                                  \
   X(cuMemGetInfo_v2, "cuMemGetInfo")                            \
   X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")         \
@@ -319,6 +320,32 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
     return rterr(r == CUDA_ERROR_OUT_OF_MEMORY ? CUDA_ERROR_OUT_OF_MEMORY : r);
   }
   *devPtr = (void *)d;
+  return cudaSuccess;
+}
+
+/* As the real runtime: the driver's pitched allocation, 16-byte elements. */
+cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height) {
+  if (!devPtr || !pitch) return seterr(cudaErrorInvalidValue);
+  cudaError_t e = rt_ctx(NULL);
+  if (e) return seterr(e);
+  if (fakecuda__unsafe_call(NULL)) return seterr(cudaErrorStreamCaptureUnsupported);
+  CUdeviceptr d = 0;
+  CUresult r = d_cuMemAllocPitch_v2(&d, pitch, width, height, 16);
+  if (r) {
+    *devPtr = NULL;
+    return rterr(r);
+  }
+  *devPtr = (void *)d;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc3D(struct cudaPitchedPtr *pitchedDevPtr, struct cudaExtent extent) {
+  if (!pitchedDevPtr) return seterr(cudaErrorInvalidValue);
+  void *p = NULL;
+  size_t pitch = 0;
+  cudaError_t e = cudaMallocPitch(&p, &pitch, extent.width, extent.height * extent.depth);
+  if (e) return e;
+  *pitchedDevPtr = (struct cudaPitchedPtr){.ptr = p, .pitch = pitch, .xsize = extent.width, .ysize = extent.height};
   return cudaSuccess;
 }
 

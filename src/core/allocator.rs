@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use super::config::{Config, StatsOutput};
+use super::config::{Config, MemInfo, StatsOutput};
 use super::locks::{lock, read, write};
 use super::device::{AllocFailure, Device, FreePath, Wait};
 use super::pending::Predecessors;
@@ -82,6 +82,23 @@ enum Served {
     Pool(u64),
 }
 
+/// Why the pool did not serve an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unserved {
+    /// The real allocator answers instead.
+    PassThrough(Passthrough),
+    /// The pool would hold more than `SOMA_MEMORY_LIMIT` even after its
+    /// frees were waited for and it was trimmed: the program is told it is
+    /// out of memory, as the real allocator would tell it on a full device.
+    OverMemoryLimit,
+}
+
+impl From<Passthrough> for Unserved {
+    fn from(reason: Passthrough) -> Unserved {
+        Unserved::PassThrough(reason)
+    }
+}
+
 /// What became of a `free` request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Freed {
@@ -137,7 +154,7 @@ impl Allocator {
 
     /// Allocates `size` bytes in the pool of the device of `context` (the
     /// current one) for the code at `caller` (its return address).
-    pub fn alloc(&self, driver: &impl Gpu, context: Context, size: u64, caller: usize) -> Result<u64, Passthrough> {
+    pub fn alloc(&self, driver: &impl Gpu, context: Context, size: u64, caller: usize) -> Result<u64, Unserved> {
         let device = self.device(driver, context)?;
         self.issue_deferred_frees(driver);
         let block = Block { device: device.ordinal, size, caller };
@@ -162,10 +179,14 @@ impl Allocator {
                 self.observe(driver, &device, Op::Alloc, size, ptr, in_use);
                 Ok(ptr)
             }
-            Err(AllocFailure::OutOfMemory) => Err(Passthrough::PoolOutOfMemory),
+            Err(AllocFailure::OutOfMemory) => Err(Passthrough::PoolOutOfMemory.into()),
+            Err(AllocFailure::OverLimit) => {
+                self.stats.device(device.ordinal).limit_refusals.fetch_add(1, Ordering::Relaxed);
+                Err(Unserved::OverMemoryLimit)
+            }
             Err(AllocFailure::Driver(e)) => {
                 log::warn!("device {}: pool allocation of {size} bytes failed: {e:?}", device.ordinal);
-                Err(Passthrough::PoolError)
+                Err(Passthrough::PoolError.into())
             }
         }
     }
@@ -201,11 +222,11 @@ impl Allocator {
             }
         }
         let ptr = match device.alloc(driver, size, quiet, false) {
-            Err(AllocFailure::OutOfMemory) if quiet => {
+            Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) if quiet => {
                 counters.oom_retries.fetch_add(1, Ordering::Relaxed);
                 self.reclaim(driver, device, Wait::All);
                 match device.alloc(driver, size, quiet, false) {
-                    Err(AllocFailure::OutOfMemory) => device.alloc(driver, size, quiet, true),
+                    Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) => device.alloc(driver, size, quiet, true),
                     other => other,
                 }
             }
@@ -369,9 +390,24 @@ impl Allocator {
         self.config.stats != StatsOutput::Off || self.trace.is_some()
     }
 
-    /// Bytes the pools of `device` hold but do not use (for `SOMA_MEMINFO=pool`).
-    pub fn idle_pool_bytes(&self, driver: &impl Gpu, device: i32) -> u64 {
-        self.known_device(device).map_or(0, |d| d.idle_bytes(driver))
+    /// What `cudaMemGetInfo` reports for `device`, given the driver's
+    /// figures: with `SOMA_MEMINFO=pool`, memory the pool holds but the
+    /// program does not counts as free; under `SOMA_MEMORY_LIMIT` the limit
+    /// is the total, and free is the limit less what the pool holds (or the
+    /// device's free memory, if other processes leave less).
+    pub fn memory_info(&self, driver: &impl Gpu, device: i32, free: u64, total: u64) -> (u64, u64) {
+        let pool = self.known_device(device);
+        let idle = match self.config.meminfo {
+            MemInfo::Pool => pool.as_ref().map_or(0, |d| d.idle_bytes(driver)),
+            MemInfo::Real => 0,
+        };
+        let free = free.saturating_add(idle).min(total);
+        let limit = self.config.memory_limit.resolve(total);
+        if limit >= total {
+            return (free, total);
+        }
+        let held = pool.as_ref().map_or(0, |d| d.reserved(driver)).saturating_sub(idle);
+        (free.min(limit.saturating_sub(held)), limit)
     }
 
     /// In a forked child, before it goes on: its reports go to files of its own.

@@ -54,6 +54,9 @@ pub enum Bytes {
     Exact(u64),
     /// The device's total memory (only where a row allows it).
     DeviceTotal,
+    /// This many hundredths of a percent of the device's total memory (only
+    /// where a row allows it).
+    DeviceShare(u32),
 }
 
 impl Bytes {
@@ -62,6 +65,7 @@ impl Bytes {
         match self {
             Bytes::Exact(n) => n,
             Bytes::DeviceTotal => device_total,
+            Bytes::DeviceShare(basis_points) => (device_total as u128 * basis_points as u128 / 10_000) as u64,
         }
     }
 }
@@ -80,6 +84,8 @@ pub struct Config {
     pub free_sync: bool,
     pub free_order: FreeOrder,
     pub pending_free_limit: Bytes,
+    /// Device memory the pool may hold per device (`Exact(u64::MAX)`: no cap).
+    pub memory_limit: Bytes,
     pub stats: StatsOutput,
     pub trace: Option<String>,
     pub meminfo: MemInfo,
@@ -94,6 +100,8 @@ pub struct Config {
 enum Kind {
     Flag,
     Size { allow_total: bool },
+    /// A byte count or a percentage of the device's memory.
+    Share,
     Pool,
     FreeOrder,
     Stats,
@@ -112,6 +120,10 @@ impl Kind {
             }
             Kind::Size { allow_total: true } => {
                 "a byte count such as 0, 4096, 512MiB, 4G, or max, or total (the device's memory)"
+            }
+            Kind::Share => {
+                "a byte count such as 512MiB or 40G, a percentage of the device's memory such as 50% or 12.5%, \
+                 or max (no limit)"
             }
             Kind::Pool => "own or default",
             Kind::FreeOrder => "barrier or join",
@@ -249,6 +261,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store!(pending_free_limit, Size),
     },
     Variable {
+        name: "SOMA_MEMORY_LIMIT",
+        kind: Kind::Share,
+        default: "max",
+        doc: "Device memory the pool may hold per device (cached blocks included); past it cudaMalloc fails as out of memory.",
+        store: store!(memory_limit, Size),
+    },
+    Variable {
         name: "SOMA_STATS",
         kind: Kind::Stats,
         default: "0",
@@ -383,6 +402,7 @@ impl Config {
             free_sync: false,
             free_order: FreeOrder::Join,
             pending_free_limit: Bytes::Exact(0),
+            memory_limit: Bytes::Exact(0),
             stats: StatsOutput::Off,
             trace: None,
             meminfo: MemInfo::Real,
@@ -452,6 +472,10 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             "total" if allow_total => Some(Value::Size(Bytes::DeviceTotal)),
             _ => parse_size(text).map(|n| Value::Size(Bytes::Exact(n))),
         },
+        Kind::Share => match text.strip_suffix('%') {
+            Some(percent) => parse_percent(percent).map(|share| Value::Size(Bytes::DeviceShare(share))),
+            None => parse_size(text).map(|n| Value::Size(Bytes::Exact(n))),
+        },
         Kind::Pool => match text.to_ascii_lowercase().as_str() {
             "own" => Some(Value::Pool(PoolChoice::Own)),
             "default" => Some(Value::Pool(PoolChoice::Default)),
@@ -497,6 +521,19 @@ fn is_log_directive(directive: &str) -> bool {
         Some((module, level)) => is_module(module) && is_level(level),
         None => directive.is_empty() || is_level(directive) || is_module(directive),
     }
+}
+
+/// A percentage above 0 and at most 100, with at most two decimals, in
+/// hundredths of a percent (`12.5` is 1250).
+fn parse_percent(text: &str) -> Option<u32> {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || whole.len() > 3 || fraction.len() > 2 || !digits(whole) || !digits(fraction) {
+        return None;
+    }
+    let fraction: u32 = format!("{fraction:0<2}").parse().ok()?;
+    let share = whole.parse::<u32>().ok()? * 100 + fraction;
+    (1..=10_000).contains(&share).then_some(share)
 }
 
 fn parse_flag(text: &str) -> Option<bool> {
@@ -556,6 +593,7 @@ mod tests {
         assert!(!c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Join);
         assert_eq!(c.pending_free_limit, Bytes::Exact(256 << 20));
+        assert_eq!(c.memory_limit, Bytes::Exact(u64::MAX));
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
         assert_eq!(c.meminfo, MemInfo::Real);
@@ -654,6 +692,21 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_limit_is_a_size_or_a_share_of_the_device() {
+        let limit = |text| config(&[("SOMA_MEMORY_LIMIT", text)]).map(|c| c.memory_limit);
+        assert_eq!(limit("40GiB"), Ok(Bytes::Exact(40 << 30)));
+        assert_eq!(limit("max"), Ok(Bytes::Exact(u64::MAX)));
+        assert_eq!(limit("50%").unwrap().resolve(80 << 30), 40 << 30);
+        assert_eq!(limit("12.5%").unwrap().resolve(80 << 30), 10 << 30);
+        assert_eq!(limit(" 100% ").unwrap().resolve(80 << 30), 80 << 30);
+        assert_eq!(limit("0.01%").unwrap().resolve(10_000), 1);
+        for bad in ["0%", "101%", "%", "-5%", "1.234%", "5 %", "50%%", "total", "half"] {
+            let message = config(&[("SOMA_MEMORY_LIMIT", bad)]).unwrap_err().to_string();
+            assert!(message.contains("SOMA_MEMORY_LIMIT") && message.contains("50%"), "{bad}: {message}");
+        }
+    }
+
+    #[test]
     fn every_variable_is_read() {
         let c = config(&[
             ("SOMA_DISABLE", "1"),
@@ -667,6 +720,7 @@ mod tests {
             ("SOMA_FREE_SYNC", "true"),
             ("SOMA_FREE_ORDER", "barrier"),
             ("SOMA_PENDING_FREE_LIMIT", "1M"),
+            ("SOMA_MEMORY_LIMIT", "25%"),
             ("SOMA_STATS", "1"),
             ("SOMA_TRACE", "/tmp/t.csv"),
             ("SOMA_MEMINFO", "pool"),
@@ -682,6 +736,7 @@ mod tests {
         assert!(c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Barrier);
         assert_eq!(c.pending_free_limit, Bytes::Exact(1 << 20));
+        assert_eq!(c.memory_limit, Bytes::DeviceShare(2500));
         assert_eq!(c.stats, StatsOutput::Stderr);
         assert_eq!(c.trace.as_deref(), Some("/tmp/t.csv"));
         assert_eq!(c.meminfo, MemInfo::Pool);

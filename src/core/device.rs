@@ -69,6 +69,8 @@ pub struct Device {
     order: FreeOrder,
     internal_deps: bool,
     pending_free_limit: u64,
+    /// `SOMA_MEMORY_LIMIT`: the most the pool may reserve, if limited.
+    memory_limit: Option<u64>,
     /// Frees in join order, and the blocks they become.
     pending: PendingFrees,
     /// Read by allocations on the legacy stream; written while a block may
@@ -81,6 +83,8 @@ pub struct Device {
 #[derive(Debug, PartialEq, Eq)]
 pub enum AllocFailure {
     OutOfMemory,
+    /// The pool would reserve more than `SOMA_MEMORY_LIMIT`.
+    OverLimit,
     Driver(CuError),
 }
 
@@ -136,6 +140,7 @@ impl Device {
             order: config.free_order,
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit.resolve(total),
+            memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| limit < total),
             pending: PendingFrees::default(),
             legacy_reuse: RwLock::new(()),
         })
@@ -170,9 +175,7 @@ impl Device {
         };
         if trim {
             log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
-            // The pool releases only blocks whose free the GPU has passed.
-            driver.synchronize_stream(stream).map_err(AllocFailure::Driver)?;
-            driver.trim(self.pool).map_err(AllocFailure::Driver)?;
+            self.trim(driver, stream)?;
         }
         let _ordered = (stream == Stream::LEGACY).then(|| read(&self.legacy_reuse));
         let ptr = driver.alloc_from_pool(size, self.pool, stream).map_err(|e| {
@@ -182,6 +185,15 @@ impl Device {
                 AllocFailure::Driver(e)
             }
         })?;
+        if self.memory_limit.is_some_and(|limit| self.reserved(driver) > limit) {
+            // Given back in the stream's order, where it came from: the pool
+            // can hand it out again at once, or release it when trimmed.
+            driver.free_async(ptr, stream).map_err(AllocFailure::Driver)?;
+            if trim {
+                self.trim(driver, stream)?; // the last attempt: the pool ends within the limit
+            }
+            return Err(AllocFailure::OverLimit);
+        }
         if self.internal_deps && stream == self.pool_stream {
             // The driver may have made the pool stream wait for a block the
             // program freed with cudaFreeAsync; the program's streams do not
@@ -190,6 +202,17 @@ impl Device {
             driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
         }
         Ok(ptr)
+    }
+
+    /// Returns the pool's unused memory to the driver. It releases only
+    /// blocks whose free the GPU has passed: the host waits for the streams
+    /// blocks are freed on (`stream`, and the pool stream).
+    fn trim(&self, driver: &impl Gpu, stream: Stream) -> Result<(), AllocFailure> {
+        driver.synchronize_stream(stream).map_err(AllocFailure::Driver)?;
+        if stream != self.pool_stream {
+            driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
+        }
+        driver.trim(self.pool).map_err(AllocFailure::Driver)
     }
 
     /// Joins queued frees and returns those the GPU has passed, waiting on

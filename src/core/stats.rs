@@ -35,6 +35,8 @@ pub struct DeviceCounters {
     pub oom_retries: AtomicU64,
     /// Times the real allocator served a request the pool could not.
     pub oom_fallbacks: AtomicU64,
+    /// Allocations refused as out of memory under `SOMA_MEMORY_LIMIT`.
+    pub limit_refusals: AtomicU64,
     /// The pool's reserved high-water mark, read when in-use peaks, for when
     /// the pool cannot be asked at exit (a device reset destroyed it).
     pub reserved_high_seen: AtomicU64,
@@ -59,7 +61,7 @@ impl Timing {
     }
 }
 
-const REASONS: [Passthrough; 11] = [
+const REASONS: [Passthrough; 12] = [
     Passthrough::Disabled,
     Passthrough::ZeroSize,
     Passthrough::NullOutPointer,
@@ -70,6 +72,7 @@ const REASONS: [Passthrough; 11] = [
     Passthrough::ForeignContext,
     Passthrough::PoolOutOfMemory,
     Passthrough::PoolError,
+    Passthrough::PitchNotPooled,
     Passthrough::Caller,
 ];
 
@@ -151,7 +154,7 @@ impl Stats {
         let mut out = format!("somashim statistics (pid {pid})\n");
         for (ordinal, d) in self.devices.iter().enumerate() {
             let allocs = d.pool_allocs.load(Relaxed);
-            if allocs == 0 && d.oom_fallbacks.load(Relaxed) == 0 {
+            if allocs == 0 && d.oom_fallbacks.load(Relaxed) == 0 && d.limit_refusals.load(Relaxed) == 0 {
                 continue;
             }
             let _ = writeln!(out, "device {ordinal}");
@@ -176,6 +179,7 @@ impl Stats {
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));
+            count(&mut out, "refused over memory limit", d.limit_refusals.load(Relaxed));
         }
         out.push_str("passed through to the real allocator\n");
         let mut any = false;

@@ -36,6 +36,21 @@ pub fn loaded() -> Option<&'static Driver> {
     real::libcuda().map(|_| &Driver)
 }
 
+impl Driver {
+    /// The row alignment of the real `cuMemAllocPitch` on the current
+    /// context's device: the pitch it gives a one-byte row, learned by
+    /// allocating one and freeing it at once (the free synchronizes, so this
+    /// is for once per device, never during a capture).
+    pub fn pitch_alignment(&self) -> CuResult<u64> {
+        let (mut ptr, mut pitch) = (0u64, 0usize);
+        // SAFETY: two out-pointers to locals; element size 4 is always valid.
+        check(unsafe { cu::cuMemAllocPitch_v2(&mut ptr, &mut pitch, 1, 1, 4) })?;
+        // SAFETY: the block was just allocated by the real driver.
+        check(unsafe { cu::cuMemFree_v2(ptr) })?;
+        Ok(pitch as u64)
+    }
+}
+
 /// Whether a pool policy or threshold attribute is set through an int or a u64.
 enum AttributeValue {
     Int(c_int),

@@ -141,6 +141,8 @@ pub mod runtime {
     real_functions! {
         find = find_in_runtime;
         cudaMalloc(ptr: *mut *mut c_void, size: usize);
+        cudaMallocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize);
+        cudaMalloc3D(ptr: *mut c_void, extent: cudarc::runtime::sys::cudaExtent);
         cudaFree(ptr: *mut c_void);
         cudaFreeAsync(ptr: *mut c_void, stream: *mut c_void);
         cudaGetDevice(device: *mut c_int);
@@ -183,6 +185,15 @@ pub mod runtime {
         // SAFETY: cudaFree only inspects the address and refuses a host pointer.
         unsafe { cudaFree(&host_byte as *const c_char as *mut c_void) }
     }
+
+    /// Leaves the runtime's last error at `cudaErrorMemoryAllocation`, as a
+    /// failed allocation does, by asking the real `cudaMalloc` for more
+    /// memory than any device has (a petabyte).
+    pub fn reproduce_out_of_memory() -> u32 {
+        let mut never: *mut c_void = std::ptr::null_mut();
+        // SAFETY: one out-pointer to a local; the request fails.
+        unsafe { cudaMalloc(&mut never, 1 << 50) }
+    }
 }
 
 /// The driver: the functions the core uses, and those the driver door wraps.
@@ -219,6 +230,7 @@ pub mod driver {
         cuMemAllocFromPoolAsync(ptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void);
         // Wrapped by the driver door (and some used by the core too).
         cuMemAlloc_v2(ptr: *mut u64, size: usize);
+        cuMemAllocPitch_v2(ptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint);
         cuMemFree_v2(ptr: u64);
         cuMemFreeAsync(ptr: u64, stream: *mut c_void);
         cuMemFreeAsync_ptsz(ptr: u64, stream: *mut c_void);

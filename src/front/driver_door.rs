@@ -18,6 +18,14 @@ use crate::cuda::real::{self, SUCCESS};
 /// `CUDA_ERROR_INVALID_VALUE`: what a bad `cuMemFree` returns.
 pub const INVALID_VALUE: u32 = 1;
 
+/// `CUDA_ERROR_OUT_OF_MEMORY`: what a failed `cuMemAlloc` returns.
+pub const OUT_OF_MEMORY: u32 = 2;
+
+/// Whether `cuMemAllocPitch` accepts this element size (4, 8 or 16 bytes).
+pub fn pitch_element_size_is_valid(element_bytes: u32) -> bool {
+    matches!(element_bytes, 4 | 8 | 16)
+}
+
 /// A driver entry point the shim serves: its exported name and the shim's function.
 pub struct EntryPoint(pub &'static CStr, pub *const ());
 

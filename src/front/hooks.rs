@@ -9,12 +9,14 @@
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Once, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 use std::time::Instant;
 
 use super::caller::{self, CallerFilter};
-use crate::core::allocator::{Allocator, Freed};
-use crate::core::config::{Config, MemInfo, StatsOutput};
+use super::driver_door::OUT_OF_MEMORY;
+use super::runtime_door::{Extent, PitchedPtr};
+use crate::core::allocator::{Allocator, Freed, Unserved};
+use crate::core::config::{Config, StatsOutput};
 use crate::core::passthrough::Passthrough;
 use crate::core::reclaimer::ForkPause;
 use crate::core::stats::{self, Timing};
@@ -133,27 +135,61 @@ const STREAM_NON_BLOCKING: c_uint = 1;
 
 /// `cudaMalloc`/`cuMemAlloc`: `out` receives the device address.
 /// `make_context_current` is the door's way to create the current context
-/// where none is (false: there is none to make).
+/// where none is (false: there is none to make); `out_of_memory` returns
+/// (and, for the runtime, leaves behind) the error of a failed allocation.
 /// SAFETY: `out` is null or writable, as the C contract requires.
 pub unsafe fn malloc(
     out: *mut u64,
     size: usize,
     caller: usize,
     make_context_current: impl FnOnce() -> bool,
+    out_of_memory: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
+    // SAFETY: as this function's contract.
+    match unsafe { allocate(out, size as u64, caller, make_context_current, out_of_memory, real) } {
+        Answer::Pooled => SUCCESS,
+        Answer::Answered(rc) => rc,
+    }
+}
+
+/// Who answered an allocation.
+enum Answer {
+    /// The pool: the address is in the caller's out-pointer.
+    Pooled,
+    /// The real function, or the shim's out-of-memory error: this code.
+    Answered(u32),
+}
+
+/// An allocation of `size` bytes from the pool, or from `real` where it is
+/// not the pool's (see `malloc`).
+/// SAFETY: `out` is null or writable.
+unsafe fn allocate(
+    out: *mut u64,
+    size: u64,
+    caller: usize,
+    make_context_current: impl FnOnce() -> bool,
+    out_of_memory: impl FnOnce() -> u32,
+    real: impl FnOnce() -> u32,
+) -> Answer {
     let allocator = allocator();
     let _timer = CallTimer::start(allocator, &allocator.stats.alloc_time);
-    match pool_alloc(allocator, out.is_null(), size as u64, caller, make_context_current) {
+    match pool_alloc(allocator, out.is_null(), size, caller, make_context_current) {
         Ok(ptr) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
             unsafe { *out = ptr };
             arm_process_handlers();
-            SUCCESS
+            Answer::Pooled
         }
-        Err(reason) => {
+        Err(Unserved::OverMemoryLimit) => {
+            log::debug!("allocation of {size} bytes refused: SOMA_MEMORY_LIMIT");
+            // SAFETY: as above; the real allocator leaves NULL on failure too.
+            unsafe { *out = 0 };
+            Answer::Answered(out_of_memory())
+        }
+        Err(Unserved::PassThrough(reason)) => {
             log::trace!("allocation of {size} bytes passed through: {reason:?}");
-            allocator.stats.passed_through(reason, size as u64);
+            allocator.stats.passed_through(reason, size);
             let rc = real();
             if rc == SUCCESS {
                 arm_process_handlers();
@@ -162,9 +198,111 @@ pub unsafe fn malloc(
                 let device = driver::loaded().and_then(|d| d.current_device().ok()).unwrap_or(0);
                 allocator.stats.device(device).oom_fallbacks.fetch_add(1, Relaxed);
             }
-            rc
+            Answer::Answered(rc)
         }
     }
+}
+
+/// `cudaMallocPitch`: `height` rows of `width` bytes, each row starting
+/// `*pitch` bytes after the previous one, the pitch being the one the real
+/// function gives (see `pitched`). Requests the real function would refuse
+/// or answer without memory (a zero width or height, a null out-pointer) are
+/// its own. SAFETY: `out` and `pitch` are null or writable.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn malloc_pitch(
+    out: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    caller: usize,
+    make_context_current: impl FnOnce() -> bool,
+    out_of_memory: impl FnOnce() -> u32,
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    let layout = (!pitch.is_null() && !out.is_null())
+        .then(|| driver_and_context(make_context_current).ok())
+        .flatten()
+        .and_then(|(driver, _)| pitched(driver, width, height));
+    let Some((row_pitch, size)) = layout else {
+        allocator().stats.passed_through(Passthrough::PitchNotPooled, 0);
+        return real();
+    };
+    // SAFETY: as this function's contract; the context is current already.
+    match unsafe { allocate(out, size, caller, || false, out_of_memory, real) } {
+        Answer::Pooled => {
+            // SAFETY: checked non-null above; writable by the C contract.
+            unsafe { *pitch = row_pitch as usize };
+            SUCCESS
+        }
+        Answer::Answered(rc) => rc,
+    }
+}
+
+/// The pitch and size of a pitched allocation on the current device, where
+/// the pool can serve one: the width rounded up to the pitch alignment the
+/// real `cuMemAllocPitch` uses (learned from it once per device), times the
+/// height. None for what the real function must answer: a zero width or
+/// height, a size that overflows, a capture in progress (learning the
+/// alignment frees memory, which a capture forbids), a failed query.
+fn pitched(driver: &Driver, width: usize, height: usize) -> Option<(u64, u64)> {
+    static ALIGNMENTS: Mutex<Vec<(i32, u64)>> = Mutex::new(Vec::new());
+    if width == 0 || height == 0 || allocator().capture_in_progress() {
+        return None;
+    }
+    let device = driver.current_device().ok()?;
+    let known = ALIGNMENTS.lock().ok()?.iter().find(|(d, _)| *d == device).map(|&(_, a)| a);
+    let alignment = match known {
+        Some(alignment) => alignment,
+        None => {
+            let learned = driver.pitch_alignment().ok()?;
+            log::debug!("device {device}: pitched allocations are aligned to {learned} bytes");
+            ALIGNMENTS.lock().ok()?.push((device, learned));
+            learned
+        }
+    };
+    let pitch = (width as u64).checked_next_multiple_of(alignment)?;
+    Some((pitch, pitch.checked_mul(height as u64)?))
+}
+
+/// `cuMemAllocPitch`: as `cudaMallocPitch`; `element_size_valid` is false
+/// for an element size the real function refuses.
+/// SAFETY: `out` and `pitch` are null or writable.
+pub unsafe fn malloc_pitch_driver(
+    out: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size_valid: bool,
+    caller: usize,
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    if !element_size_valid {
+        allocator().stats.passed_through(Passthrough::PitchNotPooled, 0);
+        return real();
+    }
+    // SAFETY: as this function's contract.
+    unsafe { malloc_pitch(out, pitch, width, height, caller, || false, || OUT_OF_MEMORY, real) }
+}
+
+/// `cudaMalloc3D`: a pitched allocation of `extent.height * extent.depth`
+/// rows of `extent.width` bytes, described in `*out`.
+/// SAFETY: `out` is null or writable.
+pub unsafe fn malloc_3d(out: *mut PitchedPtr, extent: Extent, caller: usize, real: impl FnOnce() -> u32) -> u32 {
+    let rows = extent.height.checked_mul(extent.depth);
+    let (Some(rows), false) = (rows, out.is_null()) else {
+        allocator().stats.passed_through(Passthrough::PitchNotPooled, 0);
+        return real();
+    };
+    let (mut ptr, mut pitch) = (0u64, 0usize);
+    let door = super::runtime_door::make_context_current;
+    let oom = super::runtime_door::out_of_memory;
+    // SAFETY: two locals as out-pointers.
+    let rc = unsafe { malloc_pitch(&mut ptr, &mut pitch, extent.width, rows, caller, door, oom, real) };
+    if rc == SUCCESS && ptr != 0 {
+        // SAFETY: checked non-null; writable by the C contract.
+        unsafe { *out = PitchedPtr { ptr: ptr as *mut c_void, pitch, xsize: extent.width, ysize: extent.height } };
+    }
+    rc
 }
 
 /// Adds the host time of one hooked call to `SOMA_STATS`, when it is on.
@@ -193,19 +331,19 @@ fn pool_alloc(
     size: u64,
     caller: usize,
     make_context_current: impl FnOnce() -> bool,
-) -> Result<u64, Passthrough> {
+) -> Result<u64, Unserved> {
     if let Some(reason) = allocator.size_passthrough(size) {
-        return Err(reason);
+        return Err(reason.into());
     }
     if null_out {
-        return Err(Passthrough::NullOutPointer);
+        return Err(Passthrough::NullOutPointer.into());
     }
     let listed = &allocator.config.passthrough_callers;
     if !listed.is_empty() && callers().is_listed(caller, listed) {
-        return Err(Passthrough::Caller);
+        return Err(Passthrough::Caller.into());
     }
     if allocator.capture_in_progress() {
-        return Err(Passthrough::StreamCapture);
+        return Err(Passthrough::StreamCapture.into());
     }
     let (driver, context) = driver_and_context(make_context_current)?;
     allocator.alloc(driver, context, size, caller)
@@ -363,20 +501,23 @@ pub fn peer_access(allowed: bool, devices: impl FnOnce() -> Option<(i32, i32)>, 
     rc
 }
 
-/// `cudaMemGetInfo`/`cuMemGetInfo`: with `SOMA_MEMINFO=pool`, memory the
-/// current device's pool holds but the program does not counts as free, as
-/// it would be without the shim.
-/// SAFETY: `free` is null or writable, as the C contract requires.
-pub unsafe fn mem_get_info(free: *mut usize, real: impl FnOnce() -> u32) -> u32 {
+/// `cudaMemGetInfo`/`cuMemGetInfo`: the driver's figures for the current
+/// device, as `SOMA_MEMINFO` and `SOMA_MEMORY_LIMIT` adjust them
+/// (`Allocator::memory_info`).
+/// SAFETY: `free` and `total` are null or writable, as the C contract requires.
+pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
     let allocator = allocator();
-    if rc != SUCCESS || free.is_null() || allocator.config.meminfo != MemInfo::Pool {
+    if rc != SUCCESS || free.is_null() || total.is_null() || allocator.config.disable {
         return rc;
     }
     if let Some(driver) = driver::loaded() {
         if let Ok(device) = driver.current_device() {
-            // SAFETY: the real call succeeded and wrote `*free`.
-            unsafe { *free += allocator.idle_pool_bytes(driver, device) as usize };
+            // SAFETY: the real call succeeded and wrote both.
+            let (real_free, real_total) = unsafe { (*free as u64, *total as u64) };
+            let (shown_free, shown_total) = allocator.memory_info(driver, device, real_free, real_total);
+            // SAFETY: as above, both are writable.
+            unsafe { (*free, *total) = (shown_free as usize, shown_total as usize) };
         }
     }
     rc

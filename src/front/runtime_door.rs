@@ -4,6 +4,9 @@ use std::ffi::{c_int, c_void};
 
 use crate::cuda::real::{runtime as cuda, SUCCESS};
 
+/// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
+pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPtr};
+
 /// The runtime makes its context current lazily, at its first call on a
 /// thread; `cudaFree(NULL)` is the documented way to make it do so now.
 pub fn make_context_current() -> bool {
@@ -23,6 +26,11 @@ pub fn free_would_fail() -> Option<u32> {
 /// The error of a bad free, left as the runtime's last error too.
 pub fn invalid_value() -> u32 {
     cuda::reproduce_invalid_value()
+}
+
+/// The error of a failed allocation, left as the runtime's last error too.
+pub fn out_of_memory() -> u32 {
+    cuda::reproduce_out_of_memory()
 }
 
 /// The runtime's current device.
