@@ -103,6 +103,14 @@ static inline void print_pooled(void) {
          __atomic_load_n(&g_allocs, __ATOMIC_RELAXED));
 }
 
+/* Prints the runtime's last error, then what it is after being read once
+ * (a failed call must leave its error exactly once). */
+static inline void show_last_error_twice(void) {
+  int first = (int)cudaGetLastError();
+  int second = (int)cudaGetLastError();
+  printf("  last error %d, then %d\n", first, second);
+}
+
 /* ---- patterns ----------------------------------------------------------- */
 __host__ __device__ static inline unsigned pattern(unsigned seed, size_t i) {
   unsigned x = seed * 2654435761u + (unsigned)i * 40503u + (unsigned)(i >> 32);

@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
     printf("round %d: the fill stops within a block of the free memory: %s\n", round,
            n >= expected - 1 && n <= expected ? "yes" : "no");
     printf("round %d: past the end: %d, p %s\n", round, (int)rc, nn(p));
-    printf("  last error %d, then %d\n", (int)cudaGetLastError(), (int)cudaGetLastError());
+    show_last_error_twice();
     size_t free_full = 0, total_full = 0;
     CHECK_CUDA(cudaMemGetInfo(&free_full, &total_full));
     printf("round %d: full, free < one block: %s, total unchanged: %s\n", round, free_full < BLOCK ? "yes" : "no",
@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     void *all = NULL;
     rc = TMALLOC(&all, (size_t)n * BLOCK);
     printf("round %d: one block of all that fitted after freeing: %d\n", round, (int)rc);
-    printf("  last error %d, then %d\n", (int)cudaGetLastError(), (int)cudaGetLastError());
+    show_last_error_twice();
     if (all) {
       k_set<<<1024, 256>>>((unsigned *)all, (size_t)n * BLOCK / 4, 7);
       CHECK_CUDA(cudaDeviceSynchronize());
