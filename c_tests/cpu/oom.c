@@ -4,7 +4,12 @@
  * error set once). Freeing everything and then asking for a block that needs
  * the freed memory succeeds, and leaves no error behind: the shim waits for
  * its pending frees (and trims) and retries. A truly impossible size fails
- * with the real error, set once. */
+ * with the real error, set once. MAKE_NONBLOCKING_STREAM=1: a non-blocking
+ * stream is alive, so the shim queues its frees.
+ *
+ * The device's size is what cudaMemGetInfo says: the harness also runs this
+ * under the shim on a 256 MiB device with SOMA_MEMORY_LIMIT=64MiB, which must
+ * look to the program like the 64 MiB device does natively. */
 #include "common.h"
 
 #define BLOCK (8 * MiB)
@@ -12,8 +17,11 @@
 int main(void) {
   printf("# mode %s\n", under_shim() ? "shim" : "native");
   CHECK_CUDA(cudaFree(NULL));
-  size_t total = 0;
-  CHECK(cuDeviceTotalMem(&total, 0) == CUDA_SUCCESS);
+  cudaStream_t side = NULL;
+  if (env_flag("MAKE_NONBLOCKING_STREAM", 0)) CHECK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  size_t free0 = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free0, &total));
+  printf("cudaMemGetInfo: total %zu, free %zu\n", total, free0);
   int expected = (int)(total / BLOCK);
   printf("# device memory %zu, %d blocks\n", total, expected);
   CHECK(expected >= 2 && expected <= 64);
@@ -73,6 +81,7 @@ int main(void) {
   CHECK(p == NULL);
   CHECK_LAST_ERROR_ONCE(cudaErrorMemoryAllocation);
 
+  if (side) CHECK_CUDA(cudaStreamDestroy(side));
   /* and the allocator still works */
   CHECK_CUDA(cudaMalloc(&p, MiB));
   CHECK_CUDA(cudaFree(p));
