@@ -26,7 +26,7 @@ pub use crate::core::config::{Config, VARIABLES};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda::real::{driver as cu, runtime as rt};
-use front::driver_door::{EntryPoint, INVALID_VALUE};
+use front::driver_door::{EntryPoint, ALLOC_HOST_FLAGS, INVALID_VALUE};
 use front::guard::guarded;
 
 type Handle = *mut c_void;
@@ -69,6 +69,38 @@ pub unsafe extern "C" fn cudaFreeAsync(ptr: Handle, stream: Handle) -> u32 {
 pub unsafe extern "C" fn cudaFreeAsync_ptsz(ptr: Handle, stream: Handle) -> u32 {
     let real = || unsafe { rt::cudaFreeAsync_ptsz(ptr, stream) };
     guarded(|| front::hooks::free_async(ptr as u64, front::runtime_door::invalid_value, real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocHost(ptr: *mut Handle, size: usize) -> u32 {
+    let real = || unsafe { rt::cudaMallocHost(ptr, size) };
+    let reported = front::runtime_door::reported_host_flags(0);
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, 0, reported, front::runtime_door::make_context_current, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut Handle, size: usize, flags: c_uint) -> u32 {
+    let real = || unsafe { rt::cudaHostAlloc(ptr, size, flags) };
+    let reported = front::runtime_door::reported_host_flags(flags);
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, reported, front::runtime_door::make_context_current, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeHost(ptr: Handle) -> u32 {
+    let real = || unsafe { rt::cudaFreeHost(ptr) };
+    guarded(|| front::hooks::free_host(ptr as u64, front::runtime_door::invalid_value, real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostGetFlags(flags: *mut c_uint, ptr: Handle) -> u32 {
+    let real = || unsafe { rt::cudaHostGetFlags(flags, ptr) };
+    guarded(|| unsafe { front::hooks::host_get_flags(flags, ptr as u64, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostGetDevicePointer(device: *mut Handle, host: Handle, flags: c_uint) -> u32 {
+    let real = || unsafe { rt::cudaHostGetDevicePointer(device, host, flags) };
+    guarded(|| unsafe { front::hooks::host_get_device_pointer(device.cast(), host as u64, flags, real) }, real)
 }
 
 #[no_mangle]
@@ -185,6 +217,38 @@ unsafe extern "C" fn cu_mem_alloc_from(ptr: *mut u64, size: usize, caller: usize
 pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> u32 {
     let real = || unsafe { cu::cuMemFree_v2(ptr) };
     guarded(|| front::hooks::free(ptr, front::driver_door::free_would_fail, || INVALID_VALUE, real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(ptr: *mut Handle, size: usize) -> u32 {
+    let real = || unsafe { cu::cuMemAllocHost_v2(ptr, size) };
+    let (requested, reported) = (ALLOC_HOST_FLAGS, front::driver_door::reported_host_flags(ALLOC_HOST_FLAGS));
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, requested, reported, || false, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(ptr: *mut Handle, size: usize, flags: c_uint) -> u32 {
+    let real = || unsafe { cu::cuMemHostAlloc(ptr, size, flags) };
+    let reported = front::driver_door::reported_host_flags(flags);
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, reported, || false, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(ptr: Handle) -> u32 {
+    let real = || unsafe { cu::cuMemFreeHost(ptr) };
+    guarded(|| front::hooks::free_host(ptr as u64, || INVALID_VALUE, real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, ptr: Handle) -> u32 {
+    let real = || unsafe { cu::cuMemHostGetFlags(flags, ptr) };
+    guarded(|| unsafe { front::hooks::host_get_flags(flags, ptr as u64, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(device: *mut u64, host: Handle, flags: c_uint) -> u32 {
+    let real = || unsafe { cu::cuMemHostGetDevicePointer_v2(device, host, flags) };
+    guarded(|| unsafe { front::hooks::host_get_device_pointer(device, host as u64, flags, real) }, real)
 }
 
 #[no_mangle]
@@ -321,9 +385,14 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 /// What `dlsym` and `cuGetProcAddress` answer with the shim's function
 /// instead of the driver's (matched on the driver's own answer, so the
 /// driver picks the variant for each version and per-thread flag).
-static DRIVER_ENTRY_POINTS: [EntryPoint; 20] = [
+static DRIVER_ENTRY_POINTS: [EntryPoint; 25] = [
     EntryPoint(c"cuMemAlloc_v2", cuMemAlloc_v2 as *const ()),
     EntryPoint(c"cuMemFree_v2", cuMemFree_v2 as *const ()),
+    EntryPoint(c"cuMemAllocHost_v2", cuMemAllocHost_v2 as *const ()),
+    EntryPoint(c"cuMemHostAlloc", cuMemHostAlloc as *const ()),
+    EntryPoint(c"cuMemFreeHost", cuMemFreeHost as *const ()),
+    EntryPoint(c"cuMemHostGetFlags", cuMemHostGetFlags as *const ()),
+    EntryPoint(c"cuMemHostGetDevicePointer_v2", cuMemHostGetDevicePointer_v2 as *const ()),
     EntryPoint(c"cuMemFreeAsync", cuMemFreeAsync as *const ()),
     EntryPoint(c"cuMemFreeAsync_ptsz", cuMemFreeAsync_ptsz as *const ()),
     EntryPoint(c"cuStreamCreate", cuStreamCreate as *const ()),

@@ -78,6 +78,8 @@ pub struct Config {
     pub min_bytes: u64,
     pub max_bytes: u64,
     pub free_sync: bool,
+    /// Pinned host memory is served from a host memory pool.
+    pub host_pool: bool,
     pub free_order: FreeOrder,
     pub pending_free_limit: Bytes,
     pub stats: StatsOutput,
@@ -235,6 +237,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store!(free_sync, Flag),
     },
     Variable {
+        name: "SOMA_HOST_POOL",
+        kind: Kind::Flag,
+        default: "1",
+        doc: "0: cudaMallocHost, cudaHostAlloc and cuMemAllocHost/cuMemHostAlloc go to the real allocator.",
+        store: store!(host_pool, Flag),
+    },
+    Variable {
         name: "SOMA_FREE_ORDER",
         kind: Kind::FreeOrder,
         default: "join",
@@ -381,6 +390,7 @@ impl Config {
             min_bytes: 0,
             max_bytes: 0,
             free_sync: false,
+            host_pool: true,
             free_order: FreeOrder::Join,
             pending_free_limit: Bytes::Exact(0),
             stats: StatsOutput::Off,

@@ -473,6 +473,21 @@ impl Gpu for SimGpu {
         Ok(true)
     }
 
+    fn supports_host_pools(&self, _device: i32) -> CuResult<bool> {
+        drop(self.note("supports_host_pools"));
+        Ok(true)
+    }
+
+    fn device_count(&self) -> CuResult<i32> {
+        drop(self.note("device_count"));
+        Ok(1)
+    }
+
+    fn allocation_start(&self, _ptr: u64) -> CuResult<u64> {
+        drop(self.note("allocation_start"));
+        Err(INVALID_VALUE) // the model's blocks are looked up by their start only
+    }
+
     fn total_memory(&self, _device: i32) -> CuResult<u64> {
         Ok(self.note("total_memory").capacity)
     }
@@ -570,6 +585,10 @@ impl Gpu for SimGpu {
     }
 
     fn default_pool(&self, device: i32) -> CuResult<Pool> {
+        self.create_pool(device)
+    }
+
+    fn create_host_pool(&self, device: i32) -> CuResult<Pool> {
         self.create_pool(device)
     }
 

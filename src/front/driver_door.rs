@@ -11,6 +11,7 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 
+use super::hooks::{HOST_MAPPED, HOST_PORTABLE};
 use crate::cuda::driver;
 use crate::cuda::gpu::{Context, Gpu};
 use crate::cuda::real::{self, SUCCESS};
@@ -92,3 +93,12 @@ pub fn peer_devices(peer: *mut c_void) -> Option<(i32, i32)> {
     let owner = driver.with_context(Context(peer), || driver.current_device()).ok()?.ok()?;
     Some((owner, accessor))
 }
+
+/// What `cuMemHostGetFlags` answers for a real `cuMemHostAlloc(flags)`,
+/// measured (docs/FACTS.md): every allocation is mapped.
+pub fn reported_host_flags(requested: u32) -> u32 {
+    requested | HOST_MAPPED
+}
+
+/// The flags `cuMemAllocHost` allocates with (measured: it reports portable and mapped).
+pub const ALLOC_HOST_FLAGS: u32 = HOST_PORTABLE;

@@ -16,6 +16,7 @@ use super::caller::{self, CallerFilter};
 use crate::core::allocator::{Allocator, Freed};
 use crate::core::config::{Config, MemInfo, StatsOutput};
 use crate::core::passthrough::Passthrough;
+use crate::core::ptrmap::Memory;
 use crate::core::reclaimer::ForkPause;
 use crate::core::stats::{self, Timing};
 use crate::cuda::driver::{self, Driver};
@@ -208,7 +209,7 @@ fn pool_alloc(
         return Err(Passthrough::StreamCapture);
     }
     let (driver, context) = driver_and_context(make_context_current)?;
-    allocator.alloc(driver, context, size, caller)
+    allocator.alloc(driver, context, size, caller, Memory::Device)
 }
 
 /// The driver and the current context, made current first where none is.
@@ -251,7 +252,18 @@ pub fn free(
             }
         }
     }
-    match allocator.free(driver, ptr) {
+    finish_free(allocator, driver, allocator.free(driver, ptr, Memory::Device), invalid_value, real)
+}
+
+/// What a free answers once the core has taken (or refused) the pointer.
+fn finish_free(
+    allocator: &'static Allocator,
+    driver: &'static Driver,
+    freed: Freed,
+    invalid_value: impl FnOnce() -> u32,
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    match freed {
         Freed::Issued { device } => {
             if allocator.reclaimer.wanted() {
                 allocator.start_reclaimer(driver);
@@ -262,11 +274,129 @@ pub fn free(
             SUCCESS
         }
         Freed::Deferred => SUCCESS,
-        Freed::DoubleFree => invalid_value(),
+        // The real free refuses a freed pointer, and one of the other kind of memory.
+        Freed::DoubleFree | Freed::OtherMemory => invalid_value(),
         Freed::NotOurs => {
             allocator.stats.passed_frees.fetch_add(1, Relaxed);
             real()
         }
+    }
+}
+
+/// Host allocation flags, the runtime's and the driver's alike
+/// (`cudaHostAllocPortable` = `CU_MEMHOSTALLOC_PORTABLE`, ...).
+pub const HOST_PORTABLE: u32 = 1;
+pub const HOST_MAPPED: u32 = 2;
+pub const HOST_WRITE_COMBINED: u32 = 4;
+
+/// `cudaMallocHost`/`cudaHostAlloc`/`cuMemAllocHost`/`cuMemHostAlloc`:
+/// pinned host memory, `out` receives its address. `requested`: the flags
+/// asked for; `reported`: what `cudaHostGetFlags` answers for the real
+/// allocation (each door knows its own; docs/FACTS.md). `make_context_current`
+/// as for `malloc`.
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn malloc_host(
+    out: *mut *mut c_void,
+    size: usize,
+    requested: u32,
+    reported: u32,
+    make_context_current: impl FnOnce() -> bool,
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    let allocator = allocator();
+    let _timer = CallTimer::start(allocator, &allocator.stats.host_alloc_time);
+    let memory = Memory::Host { flags: reported };
+    match pool_alloc_host(allocator, out.is_null(), size as u64, requested, memory, make_context_current) {
+        Ok(ptr) => {
+            // SAFETY: `out` is non-null here (checked in pool_alloc_host) and writable.
+            unsafe { *out = ptr as *mut c_void };
+            arm_process_handlers();
+            SUCCESS
+        }
+        Err(reason) => {
+            log::trace!("pinned host allocation of {size} bytes passed through: {reason:?}");
+            allocator.stats.passed_through(reason, size as u64);
+            let rc = real();
+            if rc == SUCCESS {
+                arm_process_handlers();
+            }
+            rc
+        }
+    }
+}
+
+fn pool_alloc_host(
+    allocator: &Allocator,
+    null_out: bool,
+    size: u64,
+    requested: u32,
+    memory: Memory,
+    make_context_current: impl FnOnce() -> bool,
+) -> Result<u64, Passthrough> {
+    if allocator.config.disable {
+        return Err(Passthrough::Disabled);
+    }
+    if !allocator.config.host_pool {
+        return Err(Passthrough::HostPoolOff);
+    }
+    if size == 0 {
+        return Err(Passthrough::ZeroSize);
+    }
+    if null_out {
+        return Err(Passthrough::NullOutPointer);
+    }
+    if requested & !(HOST_PORTABLE | HOST_MAPPED | HOST_WRITE_COMBINED) != 0 {
+        return Err(Passthrough::UnknownHostFlags);
+    }
+    if requested & HOST_WRITE_COMBINED != 0 {
+        return Err(Passthrough::WriteCombined);
+    }
+    if allocator.capture_in_progress() {
+        return Err(Passthrough::StreamCapture);
+    }
+    let (driver, context) = driver_and_context(make_context_current)?;
+    allocator.alloc(driver, context, size, 0, memory)
+}
+
+/// `cudaFreeHost`/`cuMemFreeHost`; `invalid_value` as for `free`.
+pub fn free_host(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
+    let allocator = allocator();
+    let driver = match driver::loaded() {
+        Some(driver) if ptr != 0 && !allocator.config.disable => driver,
+        _ => return real(),
+    };
+    let _timer = CallTimer::start(allocator, &allocator.stats.host_free_time);
+    let freed = allocator.free(driver, ptr, Memory::Host { flags: 0 });
+    finish_free(allocator, driver, freed, invalid_value, real)
+}
+
+/// `cudaHostGetFlags`/`cuMemHostGetFlags`: for the shim's pinned host
+/// memory, the flags the real allocation would have.
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn host_get_flags(out: *mut c_uint, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
+    match driver::loaded().filter(|_| !out.is_null()).and_then(|driver| allocator().host_block_flags(driver, ptr)) {
+        Some(flags) => {
+            // SAFETY: checked non-null; writable by the C contract.
+            unsafe { *out = flags };
+            SUCCESS
+        }
+        None => real(),
+    }
+}
+
+/// `cudaHostGetDevicePointer`/`cuMemHostGetDevicePointer`: for the shim's
+/// pinned host memory, the address itself (measured: the real one answers
+/// the host address, for interior addresses too).
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn host_get_device_pointer(out: *mut u64, ptr: u64, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+    let ours = flags == 0 && !out.is_null();
+    match driver::loaded().filter(|_| ours).and_then(|driver| allocator().host_block_flags(driver, ptr)) {
+        Some(_) => {
+            // SAFETY: checked non-null; writable by the C contract.
+            unsafe { *out = ptr };
+            SUCCESS
+        }
+        None => real(),
     }
 }
 
@@ -282,7 +412,7 @@ pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOn
         rc = real();
         rc == SUCCESS
     });
-    if freed == Freed::DoubleFree {
+    if matches!(freed, Freed::DoubleFree | Freed::OtherMemory) {
         return invalid_value();
     }
     rc
