@@ -317,17 +317,13 @@ impl Allocator {
 
     /// The `cudaHostGetFlags` flags of the live pinned host block holding
     /// `ptr` (at its start or inside it), if the shim gave it out.
-    pub fn host_block_flags(&self, driver: &impl Gpu, ptr: u64) -> Option<u32> {
-        let flags_at = |start: u64| match self.map.live_block(start)?.memory {
+    pub fn host_block_flags(&self, ptr: u64) -> Option<u32> {
+        match self.map.host_block_holding(ptr)?.memory {
             Memory::Host { flags } => Some(flags),
             Memory::Device => None,
-        };
-        flags_at(ptr).or_else(|| {
-            // Asked only once the process has a host pool (the query costs a driver call).
-            let any = read(&self.hosts).iter().any(|slot| matches!(slot, HostSlot::Pooled(_)));
-            flags_at(driver.allocation_start(ptr).ok().filter(|_| any)?)
-        })
+        }
     }
+
 
     /// The context of the device whose pool holds the live block `ptr`.
     pub fn context_of(&self, ptr: u64) -> Option<Context> {

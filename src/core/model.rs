@@ -483,11 +483,6 @@ impl Gpu for SimGpu {
         Ok(1)
     }
 
-    fn allocation_start(&self, _ptr: u64) -> CuResult<u64> {
-        drop(self.note("allocation_start"));
-        Err(INVALID_VALUE) // the model's blocks are looked up by their start only
-    }
-
     fn total_memory(&self, _device: i32) -> CuResult<u64> {
         Ok(self.note("total_memory").capacity)
     }

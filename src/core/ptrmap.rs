@@ -9,7 +9,11 @@
 //! `cudaFreeAsync`, or when its device is reset. Anything not in the map
 //! belongs to the real allocator.
 
+use std::collections::BTreeMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+
+use super::locks::lock;
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -63,6 +67,10 @@ pub enum Claim {
 #[derive(Default)]
 pub struct PointerMap {
     slots: DashMap<u64, Slot, BuildHasherDefault<AddressHasher>>,
+    /// Start -> size of the live pinned host blocks, for queries about an
+    /// address inside one (`cudaHostGetDevicePointer(p + 100)`); host
+    /// allocations are rare enough for one lock.
+    host_ranges: Mutex<BTreeMap<u64, u64>>,
 }
 
 /// Device addresses are distinct, aligned integers: one multiplication
@@ -90,12 +98,30 @@ impl PointerMap {
     /// Records a pointer the pool just gave out. A pointer already present
     /// means the map went stale; the new block wins and the old one is returned.
     pub fn insert(&self, ptr: u64, block: Block) -> Option<Block> {
+        self.note_host_range(ptr, block);
         self.slots.insert(ptr, Slot { block, pending: false }).map(|old| old.block)
+    }
+
+    fn note_host_range(&self, ptr: u64, block: Block) {
+        if block.memory.is_host() {
+            lock(&self.host_ranges).insert(ptr, block.size);
+        }
+    }
+
+    /// The live pinned host block holding `ptr` (at its start or inside it).
+    pub fn host_block_holding(&self, ptr: u64) -> Option<Block> {
+        let start = {
+            let ranges = lock(&self.host_ranges);
+            let (&start, &size) = ranges.range(..=ptr).next_back()?;
+            (ptr - start < size).then_some(start)?
+        };
+        self.live_block(start).filter(|block| block.memory.is_host())
     }
 
     /// A pending block is handed out again (from the cache of passed frees).
     /// False if `ptr` was not pending: the map was stale, and now has `block`.
     pub fn reissue(&self, ptr: u64, block: Block) -> bool {
+        self.note_host_range(ptr, block);
         let old = self.slots.insert(ptr, Slot { block, pending: false });
         old.is_some_and(|slot| slot.pending)
     }
@@ -109,6 +135,9 @@ impl PointerMap {
             Some(slot) if slot.pending => Claim::Pending,
             Some(mut slot) => {
                 slot.pending = true;
+                if slot.block.memory.is_host() {
+                    lock(&self.host_ranges).remove(&ptr);
+                }
                 Claim::Live(slot.block)
             }
         }
@@ -154,6 +183,7 @@ impl PointerMap {
             }
             false
         });
+        lock(&self.host_ranges).retain(|ptr, _| !live.iter().any(|(p, _)| p == ptr));
         live
     }
 
@@ -183,6 +213,23 @@ mod tests {
         assert_eq!(map.live_block(0x1000), Some(host), "still the program's");
         assert_eq!(map.claim_for_free(0x1000, Memory::Host { flags: 0 }), Claim::Live(host));
         assert_eq!(map.claim_for_free(0x1000, Memory::Host { flags: 0 }), Claim::Pending);
+    }
+
+    #[test]
+    fn a_host_block_is_found_from_inside_while_live() {
+        let map = PointerMap::default();
+        let host = Block { memory: Memory::Host { flags: 2 }, size: 4096, ..B };
+        map.insert(0x10000, host);
+        map.insert(0x20000, Block { size: 4096, ..B });
+        assert_eq!(map.host_block_holding(0x10000), Some(host));
+        assert_eq!(map.host_block_holding(0x10fff), Some(host));
+        assert_eq!(map.host_block_holding(0x11000), None, "past its end");
+        assert_eq!(map.host_block_holding(0xffff), None);
+        assert_eq!(map.host_block_holding(0x20010), None, "device memory");
+        map.claim_for_free(0x10000, Memory::Host { flags: 0 });
+        assert_eq!(map.host_block_holding(0x10010), None, "freed");
+        map.reissue(0x10000, host);
+        assert_eq!(map.host_block_holding(0x10010), Some(host), "handed out again");
     }
 
     #[test]

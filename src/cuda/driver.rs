@@ -10,7 +10,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use cudarc::driver::sys::{
     CUdevice_attribute, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType,
     CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemPool_attribute,
-    CUpointer_attribute, CUresult,
+    CUresult,
 };
 
 use super::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream};
@@ -105,14 +105,6 @@ impl Gpu for Driver {
         // SAFETY: one out-pointer to a local.
         check(unsafe { cu::cuDeviceGetCount(&mut count) })?;
         Ok(count)
-    }
-
-    fn allocation_start(&self, ptr: u64) -> CuResult<u64> {
-        let mut start: u64 = 0;
-        let attribute = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR;
-        // SAFETY: the range start is a CUdeviceptr (u64); one out-pointer to a local.
-        check(unsafe { cu::cuPointerGetAttribute((&mut start as *mut u64).cast(), attribute as c_int, ptr) })?;
-        Ok(start)
     }
 
     fn total_memory(&self, device: i32) -> CuResult<u64> {

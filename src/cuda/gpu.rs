@@ -79,8 +79,6 @@ pub trait Gpu {
     fn supports_host_pools(&self, device: i32) -> CuResult<bool>;
     fn total_memory(&self, device: i32) -> CuResult<u64>;
     fn device_count(&self) -> CuResult<i32>;
-    /// The first address of the allocation holding `ptr` (any memory the driver knows).
-    fn allocation_start(&self, ptr: u64) -> CuResult<u64>;
 
     fn create_nonblocking_stream(&self) -> CuResult<Stream>;
     fn destroy_stream(&self, stream: Stream) -> CuResult<()>;

@@ -204,7 +204,6 @@ pub mod driver {
         cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: c_int);
         cuDeviceTotalMem_v2(bytes: *mut usize, device: c_int);
         cuDeviceGetCount(count: *mut c_int);
-        cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: u64);
         cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int);
         cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device: c_int);
         cuDevicePrimaryCtxRelease_v2(device: c_int);

@@ -11,7 +11,7 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 
-use super::hooks::{HOST_MAPPED, HOST_PORTABLE};
+use super::hooks::HOST_MAPPED;
 use crate::cuda::driver;
 use crate::cuda::gpu::{Context, Gpu};
 use crate::cuda::real::{self, SUCCESS};
@@ -100,5 +100,5 @@ pub fn reported_host_flags(requested: u32) -> u32 {
     requested | HOST_MAPPED
 }
 
-/// The flags `cuMemAllocHost` allocates with (measured: it reports portable and mapped).
-pub const ALLOC_HOST_FLAGS: u32 = HOST_PORTABLE;
+/// The flags `cuMemAllocHost` allocates with (measured: it reports mapped only).
+pub const ALLOC_HOST_FLAGS: u32 = 0;

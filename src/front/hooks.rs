@@ -285,7 +285,7 @@ fn finish_free(
 
 /// Host allocation flags, the runtime's and the driver's alike
 /// (`cudaHostAllocPortable` = `CU_MEMHOSTALLOC_PORTABLE`, ...).
-pub const HOST_PORTABLE: u32 = 1;
+const HOST_PORTABLE: u32 = 1;
 pub const HOST_MAPPED: u32 = 2;
 pub const HOST_WRITE_COMBINED: u32 = 4;
 
@@ -374,7 +374,7 @@ pub fn free_host(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnc
 /// memory, the flags the real allocation would have.
 /// SAFETY: `out` is null or writable, as the C contract requires.
 pub unsafe fn host_get_flags(out: *mut c_uint, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
-    match driver::loaded().filter(|_| !out.is_null()).and_then(|driver| allocator().host_block_flags(driver, ptr)) {
+    match Some(()).filter(|_| !out.is_null()).and_then(|()| allocator().host_block_flags(ptr)) {
         Some(flags) => {
             // SAFETY: checked non-null; writable by the C contract.
             unsafe { *out = flags };
@@ -390,7 +390,7 @@ pub unsafe fn host_get_flags(out: *mut c_uint, ptr: u64, real: impl FnOnce() -> 
 /// SAFETY: `out` is null or writable, as the C contract requires.
 pub unsafe fn host_get_device_pointer(out: *mut u64, ptr: u64, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
     let ours = flags == 0 && !out.is_null();
-    match driver::loaded().filter(|_| ours).and_then(|driver| allocator().host_block_flags(driver, ptr)) {
+    match Some(()).filter(|_| ours).and_then(|()| allocator().host_block_flags(ptr)) {
         Some(_) => {
             // SAFETY: checked non-null; writable by the C contract.
             unsafe { *out = ptr };

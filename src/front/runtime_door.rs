@@ -2,7 +2,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::hooks::{HOST_MAPPED, HOST_PORTABLE};
+use super::hooks::HOST_MAPPED;
 use crate::cuda::real::{runtime as cuda, SUCCESS};
 
 /// The runtime makes its context current lazily, at its first call on a
@@ -34,9 +34,7 @@ pub fn current_device() -> Option<i32> {
 }
 
 /// What `cudaHostGetFlags` answers for a real `cudaHostAlloc(flags)`
-/// (`cudaMallocHost`: 0), measured (docs/FACTS.md): every allocation is
-/// mapped, and a mapped one is portable too.
+/// (`cudaMallocHost`: 0), measured (docs/FACTS.md): every allocation is mapped.
 pub fn reported_host_flags(requested: u32) -> u32 {
-    let portable = if requested & HOST_MAPPED != 0 { HOST_PORTABLE } else { 0 };
-    requested | HOST_MAPPED | portable
+    requested | HOST_MAPPED
 }
