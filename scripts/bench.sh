@@ -235,6 +235,8 @@ else
   echo "csv: $CSV, $RAWCSV (no plot: scripts/plot_bench.py needs matplotlib, and the sizes)"
 fi
 
+scripts/bench_pinned.sh "$SHIM" || FAILED+=("pinned host memory (scripts/bench_pinned.sh)")
+
 if [ "${#FAILED[@]}" != 0 ]; then
   echo
   echo "bench: ${#FAILED[@]} run(s) failed (their rows have fewer repetitions):"

@@ -116,6 +116,8 @@ free_sync|free_sync||SOMA_FREE_SYNC=1|1|=
 mixed|mixed|||1|=
 mixed@max_bytes|mixed||SOMA_MAX_BYTES=1048576|1|=
 errors|errors|||1|--no-oom
+host_pinned|host_pinned|||1|=
+host_race|host_race|||1|=
 threads|threads|||1|=
 threads@legacy|threads|--legacy-only||1|=
 capture|capture|||1|=
@@ -162,7 +164,7 @@ EOF
 # The same programs built with the static runtime (all of them) and as
 # driver-API programs (those whose checks are about allocation and ordering).
 # own_context calls no runtime function: its static build is the same program.
-DRIVER_API_TESTS=" memory_limit streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork "
+DRIVER_API_TESTS=" memory_limit host_pinned host_race streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork "
 while IFS='|' read -r name prog args envs gpus _; do
   case $name in *@* | own_context) continue ;; esac
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"
@@ -325,7 +327,8 @@ done <<<"$TESTS"
 for teeth in "race_teeth race --wrong-stream" \
   "race_teeth@streams256 race --wrong-stream --streams 256" \
   "race_teeth@threads16 race --wrong-stream --threads 16" \
-  "legacy_race_teeth legacy_race --no-stream-wait"; do
+  "legacy_race_teeth legacy_race --no-stream-wait" \
+  "host_race_teeth host_race --wrong"; do
   read -r name prog flags <<<"$teeth"
   wanted "$name" || continue
   if ! built "$prog"; then

@@ -26,8 +26,8 @@ pub use crate::core::config::{Config, VARIABLES};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda::real::{driver as cu, runtime as rt};
-use front::driver_door::{EntryPoint, INVALID_VALUE, OUT_OF_MEMORY};
-use front::runtime_door::{Extent, PitchedPtr};
+use front::driver_door::{EntryPoint, ALLOC_HOST_FLAGS, INVALID_VALUE, OUT_OF_MEMORY};
+use front::hooks::{Extent, PitchedPtr};
 use front::guard::guarded;
 
 type Handle = *mut c_void;
@@ -61,7 +61,7 @@ with_caller!(cudaMallocPitch(ptr: *mut Handle, pitch: *mut usize, width: usize, 
 unsafe extern "C" fn cuda_malloc_pitch_from(ptr: *mut Handle, pitch: *mut usize, width: usize, height: usize, caller: usize) -> u32 {
     let real = || unsafe { rt::cudaMallocPitch(ptr, pitch, width, height) };
     let (door, oom) = (front::runtime_door::make_context_current, front::runtime_door::out_of_memory);
-    guarded(|| unsafe { front::hooks::malloc_pitch(ptr.cast(), pitch, width, height, caller, door, oom, real) }, real)
+    guarded(|| unsafe { front::hooks::malloc_pitch(ptr.cast(), pitch, width, height, true, caller, door, oom, real) }, real)
 }
 
 // The extent (three words) is passed on the stack, so the caller's address
@@ -70,7 +70,8 @@ with_caller!(cudaMalloc3D(ptr: *mut PitchedPtr, extent: Extent) => cuda_malloc_3
 
 unsafe extern "C" fn cuda_malloc_3d_from(ptr: *mut PitchedPtr, extent: Extent, caller: usize) -> u32 {
     let real = || unsafe { rt::cudaMalloc3D(ptr.cast(), extent) };
-    guarded(|| unsafe { front::hooks::malloc_3d(ptr, extent, caller, real) }, real)
+    let (door, oom) = (front::runtime_door::make_context_current, front::runtime_door::out_of_memory);
+    guarded(|| unsafe { front::hooks::malloc_3d(ptr, extent, caller, door, oom, real) }, real)
 }
 
 #[no_mangle]
@@ -89,6 +90,38 @@ pub unsafe extern "C" fn cudaFreeAsync(ptr: Handle, stream: Handle) -> u32 {
 pub unsafe extern "C" fn cudaFreeAsync_ptsz(ptr: Handle, stream: Handle) -> u32 {
     let real = || unsafe { rt::cudaFreeAsync_ptsz(ptr, stream) };
     guarded(|| front::hooks::free_async(ptr as u64, front::runtime_door::invalid_value, real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocHost(ptr: *mut Handle, size: usize) -> u32 {
+    let real = || unsafe { rt::cudaMallocHost(ptr, size) };
+    let reported = front::runtime_door::reported_host_flags(0);
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, 0, reported, front::runtime_door::make_context_current, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut Handle, size: usize, flags: c_uint) -> u32 {
+    let real = || unsafe { rt::cudaHostAlloc(ptr, size, flags) };
+    let reported = front::runtime_door::reported_host_flags(flags);
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, reported, front::runtime_door::make_context_current, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeHost(ptr: Handle) -> u32 {
+    let real = || unsafe { rt::cudaFreeHost(ptr) };
+    guarded(|| front::hooks::free_host(ptr as u64, front::runtime_door::invalid_value, real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostGetFlags(flags: *mut c_uint, ptr: Handle) -> u32 {
+    let real = || unsafe { rt::cudaHostGetFlags(flags, ptr) };
+    guarded(|| unsafe { front::hooks::host_get_flags(flags, ptr as u64, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostGetDevicePointer(device: *mut Handle, host: Handle, flags: c_uint) -> u32 {
+    let real = || unsafe { rt::cudaHostGetDevicePointer(device, host, flags) };
+    guarded(|| unsafe { front::hooks::host_get_device_pointer(device.cast(), host as u64, flags, real) }, real)
 }
 
 #[no_mangle]
@@ -213,14 +246,47 @@ unsafe extern "C" fn cu_mem_alloc_pitch_from(
     caller: usize,
 ) -> u32 {
     let real = || unsafe { cu::cuMemAllocPitch_v2(ptr, pitch, width, height, element_bytes) };
-    let pooled = front::driver_door::pitch_element_size_is_valid(element_bytes);
-    guarded(|| unsafe { front::hooks::malloc_pitch_driver(ptr, pitch, width, height, pooled, caller, real) }, real)
+    let poolable = front::driver_door::pitch_element_size_is_valid(element_bytes);
+    let out_of_memory = || OUT_OF_MEMORY;
+    guarded(|| unsafe { front::hooks::malloc_pitch(ptr, pitch, width, height, poolable, caller, || false, out_of_memory, real) }, real)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> u32 {
     let real = || unsafe { cu::cuMemFree_v2(ptr) };
     guarded(|| front::hooks::free(ptr, front::driver_door::free_would_fail, || INVALID_VALUE, real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(ptr: *mut Handle, size: usize) -> u32 {
+    let real = || unsafe { cu::cuMemAllocHost_v2(ptr, size) };
+    let (requested, reported) = (ALLOC_HOST_FLAGS, front::driver_door::reported_host_flags(ALLOC_HOST_FLAGS));
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, requested, reported, || false, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(ptr: *mut Handle, size: usize, flags: c_uint) -> u32 {
+    let real = || unsafe { cu::cuMemHostAlloc(ptr, size, flags) };
+    let reported = front::driver_door::reported_host_flags(flags);
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, reported, || false, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(ptr: Handle) -> u32 {
+    let real = || unsafe { cu::cuMemFreeHost(ptr) };
+    guarded(|| front::hooks::free_host(ptr as u64, || INVALID_VALUE, real), real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, ptr: Handle) -> u32 {
+    let real = || unsafe { cu::cuMemHostGetFlags(flags, ptr) };
+    guarded(|| unsafe { front::hooks::host_get_flags(flags, ptr as u64, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(device: *mut u64, host: Handle, flags: c_uint) -> u32 {
+    let real = || unsafe { cu::cuMemHostGetDevicePointer_v2(device, host, flags) };
+    guarded(|| unsafe { front::hooks::host_get_device_pointer(device, host as u64, flags, real) }, real)
 }
 
 #[no_mangle]
@@ -357,10 +423,15 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 /// What `dlsym` and `cuGetProcAddress` answer with the shim's function
 /// instead of the driver's (matched on the driver's own answer, so the
 /// driver picks the variant for each version and per-thread flag).
-static DRIVER_ENTRY_POINTS: [EntryPoint; 21] = [
+static DRIVER_ENTRY_POINTS: [EntryPoint; 26] = [
     EntryPoint(c"cuMemAlloc_v2", cuMemAlloc_v2 as *const ()),
     EntryPoint(c"cuMemAllocPitch_v2", cuMemAllocPitch_v2 as *const ()),
     EntryPoint(c"cuMemFree_v2", cuMemFree_v2 as *const ()),
+    EntryPoint(c"cuMemAllocHost_v2", cuMemAllocHost_v2 as *const ()),
+    EntryPoint(c"cuMemHostAlloc", cuMemHostAlloc as *const ()),
+    EntryPoint(c"cuMemFreeHost", cuMemFreeHost as *const ()),
+    EntryPoint(c"cuMemHostGetFlags", cuMemHostGetFlags as *const ()),
+    EntryPoint(c"cuMemHostGetDevicePointer_v2", cuMemHostGetDevicePointer_v2 as *const ()),
     EntryPoint(c"cuMemFreeAsync", cuMemFreeAsync as *const ()),
     EntryPoint(c"cuMemFreeAsync_ptsz", cuMemFreeAsync_ptsz as *const ()),
     EntryPoint(c"cuStreamCreate", cuStreamCreate as *const ()),

@@ -19,7 +19,7 @@ use super::reclaimer::{Activity, Reclaimer};
 use crate::cuda::gpu::{Context, Gpu, Event, Stream};
 use super::output;
 use super::passthrough::Passthrough;
-use super::ptrmap::{Block, Claim, PointerMap};
+use super::ptrmap::{Block, Claim, Memory, PointerMap};
 use super::stats::{PoolPeaks, Stats};
 use super::trace::{Op, Trace};
 
@@ -33,6 +33,8 @@ pub struct Allocator {
     map: PointerMap,
     /// Indexed by device ordinal: not yet seen, cannot be pooled, or its pool.
     devices: RwLock<Vec<DeviceSlot>>,
+    /// Indexed by device ordinal: the pool of pinned host memory made for it.
+    hosts: RwLock<Vec<HostSlot>>,
     /// Read by frees (which may run at once), written when streams come and go.
     streams: RwLock<StreamRegistry>,
     /// Captures in progress, keyed by stream and, for the per-thread default
@@ -55,6 +57,14 @@ enum DeviceSlot {
     #[default]
     Unseen,
     Unpooled,
+    Pooled(Arc<Device>),
+}
+
+#[derive(Clone, Default)]
+enum HostSlot {
+    #[default]
+    Unseen,
+    Unpooled(Passthrough),
     Pooled(Arc<Device>),
 }
 
@@ -108,6 +118,9 @@ pub enum Freed {
     Deferred,
     /// The pool's pointer, already freed and not yet back in the pool.
     DoubleFree,
+    /// A block of the other pool: device memory given to a host free, or
+    /// pinned host memory to a device free. The real free refuses it.
+    OtherMemory,
     /// Not the pool's: the real free must handle it.
     NotOurs,
 }
@@ -126,6 +139,7 @@ impl Allocator {
             forked_child: AtomicU32::new(0),
             map: PointerMap::default(),
             devices: RwLock::new(Vec::new()),
+            hosts: RwLock::new(Vec::new()),
             streams: RwLock::new(StreamRegistry::default()),
             captures: RwLock::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
@@ -153,11 +167,20 @@ impl Allocator {
     }
 
     /// Allocates `size` bytes in the pool of the device of `context` (the
-    /// current one) for the code at `caller` (its return address).
-    pub fn alloc(&self, driver: &impl Gpu, context: Context, size: u64, caller: usize) -> Result<u64, Unserved> {
+    /// current one), or in its pinned host memory pool (`memory`), for the
+    /// code at `caller` (its return address).
+    pub fn alloc(
+        &self,
+        driver: &impl Gpu,
+        context: Context,
+        size: u64,
+        caller: usize,
+        memory: Memory,
+    ) -> Result<u64, Unserved> {
         let device = self.device(driver, context)?;
+        let device = if memory.is_host() { self.host_pool(driver, &device)? } else { device };
         self.issue_deferred_frees(driver);
-        let block = Block { device: device.ordinal, size, caller };
+        let block = Block { device: device.ordinal, size, caller, memory };
         match self.serve(driver, &device, size) {
             Ok(served) => {
                 let ptr = match served {
@@ -165,7 +188,7 @@ impl Allocator {
                         if !self.map.reissue(ptr, block) {
                             log::warn!("pointer map was stale at {ptr:#x}: a cached block was not pending");
                         }
-                        self.stats.device(device.ordinal).cache_hits.fetch_add(1, Ordering::Relaxed);
+                        self.stats.counters(device.ordinal, device.host).cache_hits.fetch_add(1, Ordering::Relaxed);
                         ptr
                     }
                     Served::Pool(ptr) => {
@@ -175,8 +198,9 @@ impl Allocator {
                         ptr
                     }
                 };
-                let in_use = self.stats.pooled_alloc(device.ordinal, size);
-                self.observe(driver, &device, Op::Alloc, size, ptr, in_use);
+                let in_use = self.stats.pooled_alloc(device.ordinal, device.host, size);
+                let op = if device.host { Op::HostAlloc } else { Op::Alloc };
+                self.observe(driver, &device, op, size, ptr, in_use);
                 Ok(ptr)
             }
             Err(AllocFailure::OutOfMemory) => Err(Passthrough::PoolOutOfMemory.into()),
@@ -203,7 +227,7 @@ impl Allocator {
         // the legacy stream or join streams.
         let captures = read(&self.captures);
         let quiet = captures.is_empty();
-        let counters = self.stats.device(device.ordinal);
+        let counters = self.stats.counters(device.ordinal, device.host);
         let in_use = counters.in_use.load(Ordering::Relaxed);
         let wait = if !quiet {
             None
@@ -241,7 +265,7 @@ impl Allocator {
     fn reclaim(&self, driver: &impl Gpu, device: &Device, wait: Wait) -> Activity {
         let registry = read(&self.streams);
         let after = registry.predecessors(device.context);
-        device.reclaim(driver, &after, &self.map, wait, self.stats.device(device.ordinal))
+        device.reclaim(driver, &after, &self.map, wait, self.stats.counters(device.ordinal, device.host))
     }
 
     /// One step of the reclaimer: every device's frees joined and the passed
@@ -250,7 +274,7 @@ impl Allocator {
     fn reclaim_all(&self, driver: &impl Gpu) -> Activity {
         let captures = read(&self.captures);
         let mut activity = Activity::Idle;
-        for device in self.pooled_devices() {
+        for device in self.pooled_devices().into_iter().chain(self.pooled_hosts()) {
             if !device.holds_frees() {
                 continue;
             }
@@ -276,9 +300,9 @@ impl Allocator {
         self.reclaimer.running() || self.reclaimer.start(move || self.reclaim_all(driver))
     }
 
-    /// Frees `ptr` if the pool gave it out. During a capture the free is
-    /// queued: recording events then could join or break the capture.
-    pub fn free(&self, driver: &impl Gpu, ptr: u64) -> Freed {
+    /// Frees `ptr` if the pool of `memory` gave it out. During a capture the
+    /// free is queued: recording events then could join or break the capture.
+    pub fn free(&self, driver: &impl Gpu, ptr: u64, memory: Memory) -> Freed {
         let captures = read(&self.captures);
         let current = driver.current_context().ok().flatten();
         if let Some(block) = self.map.live_block(ptr) {
@@ -288,12 +312,14 @@ impl Allocator {
                 return Freed::NotOurs;
             }
         }
-        let block = match self.map.claim_for_free(ptr) {
+        let block = match self.map.claim_for_free(ptr, memory) {
             Claim::Live(block) => block,
             Claim::Pending => return Freed::DoubleFree,
             Claim::Unknown => return Freed::NotOurs,
+            Claim::OtherMemory => return Freed::OtherMemory,
         };
-        self.freed(driver, Op::Free, ptr, block);
+        let op = if memory.is_host() { Op::HostFree } else { Op::Free };
+        self.freed(driver, op, ptr, block);
         if !captures.is_empty() {
             lock(&self.deferred).push((ptr, block));
             self.has_deferred.store(true, Ordering::Release);
@@ -309,6 +335,16 @@ impl Allocator {
     pub fn live_block(&self, ptr: u64) -> Option<Block> {
         self.map.live_block(ptr)
     }
+
+    /// The `cudaHostGetFlags` flags of the live pinned host block holding
+    /// `ptr` (at its start or inside it), if the shim gave it out.
+    pub fn host_block_flags(&self, ptr: u64) -> Option<u32> {
+        match self.map.host_block_holding(ptr)?.memory {
+            Memory::Host { flags } => Some(flags),
+            Memory::Device => None,
+        }
+    }
+
 
     /// The context of the device whose pool holds the live block `ptr`.
     pub fn context_of(&self, ptr: u64) -> Option<Context> {
@@ -334,6 +370,7 @@ impl Allocator {
                 Freed::Issued { device: block.device }
             }
             Claim::Pending => Freed::DoubleFree,
+            Claim::OtherMemory => Freed::OtherMemory,
             Claim::Unknown => {
                 real_free();
                 Freed::NotOurs
@@ -362,8 +399,8 @@ impl Allocator {
 
     /// Counts a pool block leaving the program's hands.
     fn freed(&self, driver: &impl Gpu, op: Op, ptr: u64, block: Block) {
-        let in_use = self.stats.pooled_free(block.device, block.size);
-        if let (Some(trace), Some(device)) = (&self.trace, self.known_device(block.device)) {
+        let in_use = self.stats.pooled_free(block.device, block.memory.is_host(), block.size);
+        if let (Some(trace), Some(device)) = (&self.trace, self.pool_of(&block)) {
             trace.record(block.device, op, block.size, ptr, in_use, device.reserved(driver));
         }
     }
@@ -374,7 +411,7 @@ impl Allocator {
         if !self.reporting() {
             return;
         }
-        let counters = self.stats.device(device.ordinal);
+        let counters = self.stats.counters(device.ordinal, device.host);
         if in_use >= counters.peak_in_use.load(Ordering::Relaxed) {
             if let Some(peaks) = device.peaks(driver) {
                 counters.reserved_high_seen.fetch_max(peaks.reserved_high, Ordering::Relaxed);
@@ -424,10 +461,10 @@ impl Allocator {
         if let Some(trace) = &self.trace {
             trace.flush();
         }
-        let peaks = |ordinal: i32| -> Option<PoolPeaks> {
-            let live = self.known_device(ordinal).and_then(|d| driver.and_then(|drv| d.peaks(drv)));
+        let peaks = |ordinal: i32, host: bool| -> Option<PoolPeaks> {
+            let live = self.pool_numbered(ordinal, host).and_then(|d| driver.and_then(|drv| d.peaks(drv)));
             live.or_else(|| {
-                let seen = self.stats.device(ordinal).reserved_high_seen.load(Ordering::Relaxed);
+                let seen = self.stats.counters(ordinal, host).reserved_high_seen.load(Ordering::Relaxed);
                 (seen > 0).then_some(PoolPeaks { used_high: 0, reserved_high: seen })
             })
         };
@@ -470,7 +507,7 @@ impl Allocator {
     /// The captures lock must be held (for reading) with no capture in
     /// progress. `current`: the current context.
     fn free_block(&self, driver: &impl Gpu, current: Option<Context>, ptr: u64, block: Block) {
-        let Some(device) = self.known_device(block.device) else {
+        let Some(device) = self.pool_of(&block) else {
             log::warn!("free of {ptr:#x} on device {}, which has no pool", block.device);
             return;
         };
@@ -485,7 +522,7 @@ impl Allocator {
             let registry = read(&self.streams);
             device.free(driver, ptr, block.size, &registry.predecessors(device.context), &self.map)
         });
-        let counters = self.stats.device(device.ordinal);
+        let counters = self.stats.counters(device.ordinal, device.host);
         match result.and_then(|r| r) {
             Ok(FreePath::Legacy) => counters.legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
             Ok(FreePath::Barrier) => {
@@ -528,6 +565,89 @@ impl Allocator {
         match devices.get(usize::try_from(ordinal).ok()?) {
             Some(DeviceSlot::Pooled(device)) => Some(Arc::clone(device)),
             _ => None,
+        }
+    }
+
+    /// The pool that gave out `block`.
+    fn pool_of(&self, block: &Block) -> Option<Arc<Device>> {
+        self.pool_numbered(block.device, block.memory.is_host())
+    }
+
+    /// Device `ordinal`'s pool, or (`host`) its pinned host memory pool.
+    fn pool_numbered(&self, ordinal: i32, host: bool) -> Option<Arc<Device>> {
+        if !host {
+            return self.known_device(ordinal);
+        }
+        match read(&self.hosts).get(usize::try_from(ordinal).ok()?) {
+            Some(HostSlot::Pooled(host)) => Some(Arc::clone(host)),
+            _ => None,
+        }
+    }
+
+    fn pooled_hosts(&self) -> Vec<Arc<Device>> {
+        read(&self.hosts)
+            .iter()
+            .filter_map(|slot| match slot {
+                HostSlot::Pooled(host) => Some(Arc::clone(host)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The pinned host memory pool made for `device` (whose context is
+    /// current), set up on first use.
+    fn host_pool(&self, driver: &impl Gpu, device: &Arc<Device>) -> Result<Arc<Device>, Passthrough> {
+        let index = usize::try_from(device.ordinal).map_err(|_| Passthrough::NoContext)?;
+        let known = read(&self.hosts).get(index).cloned().unwrap_or_default();
+        let slot = match known {
+            HostSlot::Unseen => {
+                let mut hosts = write(&self.hosts);
+                if hosts.len() <= index {
+                    hosts.resize(index + 1, HostSlot::Unseen);
+                }
+                if let HostSlot::Unseen = hosts[index] {
+                    hosts[index] = self.set_up_host(driver, device);
+                }
+                hosts[index].clone()
+            }
+            known => known,
+        };
+        match slot {
+            HostSlot::Pooled(host) => Ok(host),
+            HostSlot::Unpooled(reason) => Err(reason),
+            HostSlot::Unseen => Err(Passthrough::NoHostPoolSupport),
+        }
+    }
+
+    fn set_up_host(&self, driver: &impl Gpu, device: &Device) -> HostSlot {
+        let ordinal = device.ordinal;
+        match driver.device_count() {
+            Ok(1) => {}
+            Ok(_) => {
+                log::info!("several devices: pinned host allocations pass through");
+                return HostSlot::Unpooled(Passthrough::SeveralDevices);
+            }
+            Err(e) => {
+                log::warn!("cannot count the devices ({e:?}): pinned host allocations pass through");
+                return HostSlot::Unpooled(Passthrough::NoHostPoolSupport);
+            }
+        }
+        match driver.supports_host_pools(ordinal) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => {
+                log::info!("device {ordinal}: no host memory pools in this driver or device: pinned host allocations pass through");
+                return HostSlot::Unpooled(Passthrough::NoHostPoolSupport);
+            }
+        }
+        match Device::create(driver, ordinal, device.context, &self.config, true) {
+            Ok(host) => {
+                log::debug!("device {ordinal}: pinned host memory pool ready");
+                HostSlot::Pooled(Arc::new(host))
+            }
+            Err(e) => {
+                log::warn!("device {ordinal}: setting up the host memory pool failed ({e:?}): pinned host allocations pass through");
+                HostSlot::Unpooled(Passthrough::NoHostPoolSupport)
+            }
         }
     }
 
@@ -627,7 +747,7 @@ impl Allocator {
             log::debug!("device {ordinal}: current context is not the primary one");
             return DeviceSlot::Unseen;
         }
-        let device = match Device::create(driver, ordinal, context, &self.config) {
+        let device = match Device::create(driver, ordinal, context, &self.config, false) {
             Ok(device) => device,
             Err(e) => {
                 log::warn!("device {ordinal}: setting up the pool failed ({e:?}): passing through");
@@ -738,8 +858,13 @@ impl Allocator {
         if let Ok(Some(context)) = driver.active_primary_context(ordinal) {
             write(&self.streams).forget_context(context);
         }
-        if let Some((device, unreturned)) = self.forget_device(ordinal) {
-            let _ = driver.with_context(device.context, || device.destroy(driver, &unreturned));
+        if let Some((device, host, unreturned)) = self.forget_device(ordinal) {
+            let _ = driver.with_context(device.context, || {
+                device.destroy(driver, &unreturned);
+                if let Some(host) = &host {
+                    host.destroy(driver, &[]);
+                }
+            });
             log::debug!("device {ordinal} reset: released {} block(s) and the pool", unreturned.len());
         }
     }
@@ -747,15 +872,20 @@ impl Allocator {
     /// The device was reset behind the shim's back: its old blocks are
     /// released and the shim starts over with a new pool on next use.
     fn abandon_reset_device(&self, driver: &impl Gpu, ordinal: i32) {
-        if let Some((device, unreturned)) = self.forget_device(ordinal) {
+        if let Some((device, host, unreturned)) = self.forget_device(ordinal) {
             log::debug!("device {ordinal} was reset by a path the shim does not wrap");
             device.abandon(driver, &unreturned);
+            if let Some(host) = host {
+                host.abandon(driver, &[]);
+            }
         }
     }
 
     /// Forgets everything of device `ordinal` without calling the driver:
-    /// returns its pool and the blocks never returned to it, if it had one.
-    fn forget_device(&self, ordinal: i32) -> Option<(Arc<Device>, Vec<u64>)> {
+    /// returns its pool, its host pool if any, and the blocks of either never
+    /// returned, if it had a pool.
+    #[allow(clippy::type_complexity)]
+    fn forget_device(&self, ordinal: i32) -> Option<(Arc<Device>, Option<Arc<Device>>, Vec<u64>)> {
         let removed = {
             let mut devices = write(&self.devices);
             let slot = usize::try_from(ordinal).ok().and_then(|i| devices.get_mut(i));
@@ -764,8 +894,18 @@ impl Allocator {
                 _ => None,
             }
         };
+        let host = {
+            let mut hosts = write(&self.hosts);
+            match usize::try_from(ordinal).ok().and_then(|i| hosts.get_mut(i)).map(std::mem::take) {
+                Some(HostSlot::Pooled(host)) => Some(host),
+                _ => None,
+            }
+        };
         let live = self.map.take_device(ordinal);
-        self.stats.no_longer_in_use(ordinal, live.iter().map(|(_, block)| block.size).sum());
+        for host_memory in [false, true] {
+            let bytes = live.iter().filter(|(_, b)| b.memory.is_host() == host_memory).map(|(_, b)| b.size).sum();
+            self.stats.no_longer_in_use(ordinal, host_memory, bytes);
+        }
         let deferred: Vec<u64> = {
             let mut deferred = lock(&self.deferred);
             let (of_device, others) = deferred.drain(..).partition(|(_, block)| block.device == ordinal);
@@ -776,7 +916,7 @@ impl Allocator {
         let device = removed?;
         write(&self.streams).forget_context(device.context);
         log::debug!("device {ordinal}: forgot the pool and {} pointer(s)", live.len() + deferred.len());
-        Some((device, live.iter().map(|(ptr, _)| *ptr).chain(deferred).collect()))
+        Some((device, host, live.iter().map(|(ptr, _)| *ptr).chain(deferred).collect()))
     }
 
     /// `accessor` gained (or lost) peer access to `owner`'s memory.

@@ -82,6 +82,8 @@ pub struct Config {
     pub min_bytes: u64,
     pub max_bytes: u64,
     pub free_sync: bool,
+    /// Pinned host memory is served from a host memory pool.
+    pub host_pool: bool,
     pub free_order: FreeOrder,
     pub pending_free_limit: Bytes,
     /// Device memory the pool may hold per device (`Exact(u64::MAX)`: no cap).
@@ -247,6 +249,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store!(free_sync, Flag),
     },
     Variable {
+        name: "SOMA_HOST_POOL",
+        kind: Kind::Flag,
+        default: "1",
+        doc: "0: cudaMallocHost, cudaHostAlloc and cuMemAllocHost/cuMemHostAlloc go to the real allocator.",
+        store: store!(host_pool, Flag),
+    },
+    Variable {
         name: "SOMA_FREE_ORDER",
         kind: Kind::FreeOrder,
         default: "join",
@@ -400,6 +409,7 @@ impl Config {
             min_bytes: 0,
             max_bytes: 0,
             free_sync: false,
+            host_pool: true,
             free_order: FreeOrder::Join,
             pending_free_limit: Bytes::Exact(0),
             memory_limit: Bytes::Exact(0),

@@ -29,6 +29,12 @@
 //! cross-stream event wait, so freeing in GPU order would make the pool grow
 //! instead; see docs/FACTS.md, "Reuse across streams".)
 //!
+//! *Pinned host memory* (`cudaMallocHost`): a second `Device` of the same
+//! context, on a host memory pool, always frees as in `join` order whatever
+//! the streams: the program's CPU writes to a block at once, so a block is
+//! handed out again only after the host has seen every stream pass its free,
+//! and an allocation waits for its pool stream before it returns.
+//!
 //! Freed blocks not yet handed out again (pending or cached) may exceed
 //! what the program holds by `SOMA_PENDING_FREE_LIMIT` at most before the
 //! pool grows: past that, and when the pool is out of memory, an allocation
@@ -50,6 +56,8 @@ use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter
 
 pub struct Device {
     pub ordinal: i32,
+    /// A pool of pinned host memory (for the device `ordinal`), not of device memory.
+    pub host: bool,
     pub context: Context,
     /// `context`'s ID when the pool was set up: a different one means the
     /// device was reset, maybe by a path the shim does not see.
@@ -112,9 +120,11 @@ pub enum FreePath {
 }
 
 impl Device {
-    /// Sets up the pool of `ordinal`, whose primary context is current.
-    pub fn create(driver: &impl Gpu, ordinal: i32, context: Context, config: &Config) -> CuResult<Device> {
+    /// Sets up the pool of `ordinal` (`host`: its pool of pinned host
+    /// memory), whose primary context is current.
+    pub fn create(driver: &impl Gpu, ordinal: i32, context: Context, config: &Config, host: bool) -> CuResult<Device> {
         let (pool, owns_pool) = match config.pool {
+            _ if host => (driver.create_host_pool(ordinal)?, true),
             PoolChoice::Own => (driver.create_pool(ordinal)?, true),
             PoolChoice::Default => (driver.default_pool(ordinal)?, false),
         };
@@ -128,6 +138,7 @@ impl Device {
         )?;
         Ok(Device {
             ordinal,
+            host,
             context,
             context_id: driver.context_id(context)?,
             pool,
@@ -137,10 +148,12 @@ impl Device {
             // Until a free has seen the streams, allocations stay off the legacy stream.
             on_legacy_stream: AtomicBool::new(false),
             legacy_free_mark: driver.create_event()?,
-            order: config.free_order,
+            // The CPU writes a host block at once: only the host's own
+            // observation of a passed free makes it safe to hand out.
+            order: if host { FreeOrder::Join } else { config.free_order },
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit.resolve(total),
-            memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| limit < total),
+            memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
             pending: PendingFrees::default(),
             legacy_reuse: RwLock::new(()),
         })
@@ -194,11 +207,13 @@ impl Device {
             }
             return Err(AllocFailure::OverLimit);
         }
-        if self.internal_deps && stream == self.pool_stream {
+        if (self.internal_deps || self.host) && stream == self.pool_stream {
             // The driver may have made the pool stream wait for a block the
             // program freed with cudaFreeAsync; the program's streams do not
             // wait on the pool stream, so the host does. (Every stream that
             // may use a block allocated on the legacy stream waits for it.)
+            // Host memory: the CPU may use it on return, so the allocation
+            // must be complete by then.
             driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
         }
         Ok(ptr)
@@ -294,7 +309,8 @@ impl Device {
     /// else through the queue of pending frees. The device's context must be
     /// current, and `after` must stay the device's streams until this returns.
     pub fn free(&self, driver: &impl Gpu, ptr: u64, size: u64, after: &Predecessors, map: &PointerMap) -> CuResult<FreePath> {
-        let only_blocking = after.nonblocking.is_empty() && after.tails.is_empty();
+        // Host memory is never reused in a stream's order (see the module doc).
+        let only_blocking = !self.host && after.nonblocking.is_empty() && after.tails.is_empty();
         let on_legacy = only_blocking || self.order == FreeOrder::Barrier;
         if self.switch_streams(on_legacy) {
             log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });

@@ -473,6 +473,16 @@ impl Gpu for SimGpu {
         Ok(true)
     }
 
+    fn supports_host_pools(&self, _device: i32) -> CuResult<bool> {
+        drop(self.note("supports_host_pools"));
+        Ok(true)
+    }
+
+    fn device_count(&self) -> CuResult<i32> {
+        drop(self.note("device_count"));
+        Ok(1)
+    }
+
     fn total_memory(&self, _device: i32) -> CuResult<u64> {
         Ok(self.note("total_memory").capacity)
     }
@@ -570,6 +580,10 @@ impl Gpu for SimGpu {
     }
 
     fn default_pool(&self, device: i32) -> CuResult<Pool> {
+        self.create_pool(device)
+    }
+
+    fn create_host_pool(&self, device: i32) -> CuResult<Pool> {
         self.create_pool(device)
     }
 

@@ -19,6 +19,7 @@ use proptest::strategy::ValueTree;
 
 use super::allocator::{Allocator, Freed};
 use super::config::Config;
+use super::ptrmap::Memory;
 use super::model::{CaptureMode, SimGpu, Touch, PER_THREAD};
 use crate::cuda::gpu::{Gpu, Pool, Stream};
 
@@ -48,11 +49,11 @@ impl Shim for Allocator {
         if self.capture_in_progress() {
             return None;
         }
-        self.alloc(gpu, gpu.context(), size, 0).ok()
+        self.alloc(gpu, gpu.context(), size, 0, Memory::Device).ok()
     }
 
     fn free(&self, gpu: &SimGpu, ptr: u64) {
-        match Allocator::free(self, gpu, ptr) {
+        match Allocator::free(self, gpu, ptr, Memory::Device) {
             Freed::Issued { .. } | Freed::Deferred => {}
             other => panic!("free of the live pool block {ptr:#x}: {other:?}"),
         }

@@ -32,4 +32,15 @@ pub enum Passthrough {
     Caller,
     /// A call made by the shim itself into the runtime: never pooled twice.
     Reentrant,
+    /// Pinned host memory with `SOMA_HOST_POOL=0`.
+    HostPoolOff,
+    /// Pinned host memory where the driver or device has no host memory pools.
+    NoHostPoolSupport,
+    /// Pinned host memory in a process that sees several devices: the host
+    /// pool's frees are ordered after one device's streams only.
+    SeveralDevices,
+    /// `cudaHostAllocWriteCombined`: a host pool gives cached memory only.
+    WriteCombined,
+    /// Host allocation flags the shim does not know (the real call refuses them).
+    UnknownHostFlags,
 }

@@ -9,7 +9,11 @@
 //! `cudaFreeAsync`, or when its device is reset. Anything not in the map
 //! belongs to the real allocator.
 
+use std::collections::BTreeMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+
+use super::locks::lock;
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -21,6 +25,23 @@ pub struct Block {
     pub size: u64,
     /// The return address of the allocation call (0 where unknown).
     pub caller: usize,
+    pub memory: Memory,
+}
+
+/// Which pool a block came from: the device's, or the pinned host memory pool
+/// kept beside it (freed only by `cudaFreeHost`/`cuMemFreeHost`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    Device,
+    /// `flags`: what `cudaHostGetFlags` answers for the block, as it would
+    /// for the real allocation.
+    Host { flags: u32 },
+}
+
+impl Memory {
+    pub fn is_host(self) -> bool {
+        matches!(self, Memory::Host { .. })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,11 +59,18 @@ pub enum Claim {
     Pending,
     /// Not the pool's.
     Unknown,
+    /// A block of the other pool (a device free of pinned host memory, or
+    /// the reverse): the real free refuses such a pointer.
+    OtherMemory,
 }
 
 #[derive(Default)]
 pub struct PointerMap {
     slots: DashMap<u64, Slot, BuildHasherDefault<AddressHasher>>,
+    /// Start -> size of the live pinned host blocks, for queries about an
+    /// address inside one (`cudaHostGetDevicePointer(p + 100)`); host
+    /// allocations are rare enough for one lock.
+    host_ranges: Mutex<BTreeMap<u64, u64>>,
 }
 
 /// Device addresses are distinct, aligned integers: one multiplication
@@ -70,23 +98,46 @@ impl PointerMap {
     /// Records a pointer the pool just gave out. A pointer already present
     /// means the map went stale; the new block wins and the old one is returned.
     pub fn insert(&self, ptr: u64, block: Block) -> Option<Block> {
+        self.note_host_range(ptr, block);
         self.slots.insert(ptr, Slot { block, pending: false }).map(|old| old.block)
+    }
+
+    fn note_host_range(&self, ptr: u64, block: Block) {
+        if block.memory.is_host() {
+            lock(&self.host_ranges).insert(ptr, block.size);
+        }
+    }
+
+    /// The live pinned host block holding `ptr` (at its start or inside it).
+    pub fn host_block_holding(&self, ptr: u64) -> Option<Block> {
+        let start = {
+            let ranges = lock(&self.host_ranges);
+            let (&start, &size) = ranges.range(..=ptr).next_back()?;
+            (ptr - start < size).then_some(start)?
+        };
+        self.live_block(start).filter(|block| block.memory.is_host())
     }
 
     /// A pending block is handed out again (from the cache of passed frees).
     /// False if `ptr` was not pending: the map was stale, and now has `block`.
     pub fn reissue(&self, ptr: u64, block: Block) -> bool {
+        self.note_host_range(ptr, block);
         let old = self.slots.insert(ptr, Slot { block, pending: false });
         old.is_some_and(|slot| slot.pending)
     }
 
-    /// `cudaFree`: a live block becomes pending until it is back in the pool.
-    pub fn claim_for_free(&self, ptr: u64) -> Claim {
+    /// `cudaFree` (or, for `Memory::Host`, `cudaFreeHost`): a live block
+    /// becomes pending until it is back in the pool.
+    pub fn claim_for_free(&self, ptr: u64, memory: Memory) -> Claim {
         match self.slots.get_mut(&ptr) {
             None => Claim::Unknown,
+            Some(slot) if slot.block.memory.is_host() != memory.is_host() => Claim::OtherMemory,
             Some(slot) if slot.pending => Claim::Pending,
             Some(mut slot) => {
                 slot.pending = true;
+                if slot.block.memory.is_host() {
+                    lock(&self.host_ranges).remove(&ptr);
+                }
                 Claim::Live(slot.block)
             }
         }
@@ -103,6 +154,7 @@ impl PointerMap {
     pub fn claim_for_free_async(&self, ptr: u64) -> Claim {
         match self.slots.entry(ptr) {
             Entry::Vacant(_) => Claim::Unknown,
+            Entry::Occupied(slot) if slot.get().block.memory.is_host() => Claim::OtherMemory,
             Entry::Occupied(slot) if slot.get().pending => Claim::Pending,
             Entry::Occupied(slot) => Claim::Live(slot.remove().block),
         }
@@ -131,6 +183,7 @@ impl PointerMap {
             }
             false
         });
+        lock(&self.host_ranges).retain(|ptr, _| !live.iter().any(|(p, _)| p == ptr));
         live
     }
 
@@ -146,19 +199,50 @@ mod tests {
     use std::sync::Arc;
     use std::thread;
 
-    const B: Block = Block { device: 0, size: 256, caller: 0 };
+    const B: Block = Block { device: 0, size: 256, caller: 0, memory: Memory::Device };
+
+    #[test]
+    fn a_free_of_the_other_memory_claims_nothing() {
+        let map = PointerMap::default();
+        let host = Block { memory: Memory::Host { flags: 2 }, ..B };
+        map.insert(0x1000, host);
+        map.insert(0x2000, B);
+        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::OtherMemory);
+        assert_eq!(map.claim_for_free_async(0x1000), Claim::OtherMemory);
+        assert_eq!(map.claim_for_free(0x2000, Memory::Host { flags: 0 }), Claim::OtherMemory);
+        assert_eq!(map.live_block(0x1000), Some(host), "still the program's");
+        assert_eq!(map.claim_for_free(0x1000, Memory::Host { flags: 0 }), Claim::Live(host));
+        assert_eq!(map.claim_for_free(0x1000, Memory::Host { flags: 0 }), Claim::Pending);
+    }
+
+    #[test]
+    fn a_host_block_is_found_from_inside_while_live() {
+        let map = PointerMap::default();
+        let host = Block { memory: Memory::Host { flags: 2 }, size: 4096, ..B };
+        map.insert(0x10000, host);
+        map.insert(0x20000, Block { size: 4096, ..B });
+        assert_eq!(map.host_block_holding(0x10000), Some(host));
+        assert_eq!(map.host_block_holding(0x10fff), Some(host));
+        assert_eq!(map.host_block_holding(0x11000), None, "past its end");
+        assert_eq!(map.host_block_holding(0xffff), None);
+        assert_eq!(map.host_block_holding(0x20010), None, "device memory");
+        map.claim_for_free(0x10000, Memory::Host { flags: 0 });
+        assert_eq!(map.host_block_holding(0x10010), None, "freed");
+        map.reissue(0x10000, host);
+        assert_eq!(map.host_block_holding(0x10010), Some(host), "handed out again");
+    }
 
     #[test]
     fn a_freed_block_is_pending_until_returned() {
         let map = PointerMap::default();
         assert_eq!(map.insert(0x1000, B), None);
         assert!(map.is_live(0x1000));
-        assert_eq!(map.claim_for_free(0x1000), Claim::Live(B));
+        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Live(B));
         assert!(!map.is_live(0x1000));
-        assert_eq!(map.claim_for_free(0x1000), Claim::Pending, "a double free while pending");
+        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Pending, "a double free while pending");
         assert_eq!(map.claim_for_free_async(0x1000), Claim::Pending);
         map.returned(0x1000);
-        assert_eq!(map.claim_for_free(0x1000), Claim::Unknown, "back in the pool: the real free decides");
+        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Unknown, "back in the pool: the real free decides");
         assert_eq!(map.len(), 0);
     }
 
@@ -166,7 +250,7 @@ mod tests {
     fn a_pending_block_can_be_handed_out_again_and_a_live_one_cannot() {
         let map = PointerMap::default();
         map.insert(0x1000, B);
-        assert_eq!(map.claim_for_free(0x1000), Claim::Live(B));
+        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Live(B));
         assert!(map.reissue(0x1000, B), "pending: handed out again");
         assert!(map.is_live(0x1000));
         assert!(!map.reissue(0x1000, B), "live: the map was stale");
@@ -193,33 +277,33 @@ mod tests {
     #[test]
     fn interior_pointers_are_unknown() {
         let map = PointerMap::default();
-        map.insert(0x1000, Block { device: 0, size: 4096, caller: 0 });
+        map.insert(0x1000, Block { device: 0, size: 4096, caller: 0, memory: Memory::Device });
         assert!(!map.is_live(0x1100));
-        assert_eq!(map.claim_for_free(0x1100), Claim::Unknown);
+        assert_eq!(map.claim_for_free(0x1100, Memory::Device), Claim::Unknown);
         assert_eq!(map.len(), 1);
     }
 
     #[test]
     fn reinserting_a_pointer_reports_the_stale_block() {
         let map = PointerMap::default();
-        map.insert(0x1000, Block { device: 0, size: 1, caller: 0 });
-        assert_eq!(map.insert(0x1000, Block { device: 1, size: 2, caller: 0 }), Some(Block { device: 0, size: 1, caller: 0 }));
-        assert_eq!(map.claim_for_free(0x1000), Claim::Live(Block { device: 1, size: 2, caller: 0 }));
+        map.insert(0x1000, Block { device: 0, size: 1, caller: 0, memory: Memory::Device });
+        assert_eq!(map.insert(0x1000, Block { device: 1, size: 2, caller: 0, memory: Memory::Device }), Some(Block { device: 0, size: 1, caller: 0, memory: Memory::Device }));
+        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Live(Block { device: 1, size: 2, caller: 0, memory: Memory::Device }));
     }
 
     #[test]
     fn reset_takes_only_that_device_and_reports_live_blocks() {
         let map = PointerMap::default();
         for i in 0..10u64 {
-            map.insert(0x1000 * (i + 1), Block { device: (i % 2) as i32, size: 8, caller: 0 });
+            map.insert(0x1000 * (i + 1), Block { device: (i % 2) as i32, size: 8, caller: 0, memory: Memory::Device });
         }
-        assert_eq!(map.claim_for_free(0x2000), Claim::Live(Block { device: 1, size: 8, caller: 0 }));
+        assert_eq!(map.claim_for_free(0x2000, Memory::Device), Claim::Live(Block { device: 1, size: 8, caller: 0, memory: Memory::Device }));
         let live = map.take_device(1);
         assert_eq!(live.len(), 4, "the pending one is not reported live");
         assert!(live.iter().all(|(_, b)| b.device == 1));
         assert_eq!(map.len(), 5);
         assert!(map.is_live(0x1000));
-        assert_eq!(map.claim_for_free(0x2000), Claim::Unknown);
+        assert_eq!(map.claim_for_free(0x2000, Memory::Device), Claim::Unknown);
     }
 
     #[test]
@@ -240,10 +324,10 @@ mod tests {
                 thread::spawn(move || {
                     for i in 0..10_000u64 {
                         let ptr = (t << 40) | (i << 8);
-                        let block = Block { device: 0, size: i, caller: 0 };
+                        let block = Block { device: 0, size: i, caller: 0, memory: Memory::Device };
                         assert_eq!(map.insert(ptr, block), None);
                         if i % 2 == 0 {
-                            assert_eq!(map.claim_for_free(ptr), Claim::Live(block));
+                            assert_eq!(map.claim_for_free(ptr, Memory::Device), Claim::Live(block));
                             map.returned(ptr);
                         }
                     }

@@ -61,7 +61,7 @@ impl Timing {
     }
 }
 
-const REASONS: [Passthrough; 12] = [
+const REASONS: [Passthrough; 17] = [
     Passthrough::Disabled,
     Passthrough::ZeroSize,
     Passthrough::NullOutPointer,
@@ -74,6 +74,11 @@ const REASONS: [Passthrough; 12] = [
     Passthrough::PoolError,
     Passthrough::PitchNotPooled,
     Passthrough::Caller,
+    Passthrough::HostPoolOff,
+    Passthrough::NoHostPoolSupport,
+    Passthrough::SeveralDevices,
+    Passthrough::WriteCombined,
+    Passthrough::UnknownHostFlags,
 ];
 
 fn reason_index(reason: Passthrough) -> usize {
@@ -82,23 +87,30 @@ fn reason_index(reason: Passthrough) -> usize {
 
 pub struct Stats {
     devices: [DeviceCounters; MAX_DEVICES],
+    /// The pinned host memory pools, by the device they were made for.
+    hosts: [DeviceCounters; MAX_DEVICES],
     passed_allocs: [AtomicU64; REASONS.len()],
     passed_bytes: [AtomicU64; REASONS.len()],
     /// Frees of pointers the pool did not give out.
     pub passed_frees: AtomicU64,
     pub alloc_time: Timing,
     pub free_time: Timing,
+    pub host_alloc_time: Timing,
+    pub host_free_time: Timing,
 }
 
 impl Default for Stats {
     fn default() -> Self {
         Stats {
             devices: std::array::from_fn(|_| DeviceCounters::default()),
+            hosts: std::array::from_fn(|_| DeviceCounters::default()),
             passed_allocs: std::array::from_fn(|_| AtomicU64::new(0)),
             passed_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             passed_frees: AtomicU64::new(0),
             alloc_time: Timing::default(),
             free_time: Timing::default(),
+            host_alloc_time: Timing::default(),
+            host_free_time: Timing::default(),
         }
     }
 }
@@ -112,12 +124,21 @@ pub struct PoolPeaks {
 
 impl Stats {
     pub fn device(&self, ordinal: i32) -> &DeviceCounters {
-        let index = usize::try_from(ordinal).unwrap_or(0).min(MAX_DEVICES - 1);
-        &self.devices[index]
+        self.counters(ordinal, false)
     }
 
-    pub fn pooled_alloc(&self, ordinal: i32, size: u64) -> u64 {
-        let d = self.device(ordinal);
+    /// The counters of device `ordinal`'s pool, or (`host`) of its host pool.
+    pub fn counters(&self, ordinal: i32, host: bool) -> &DeviceCounters {
+        let index = usize::try_from(ordinal).unwrap_or(0).min(MAX_DEVICES - 1);
+        if host {
+            &self.hosts[index]
+        } else {
+            &self.devices[index]
+        }
+    }
+
+    pub fn pooled_alloc(&self, ordinal: i32, host: bool, size: u64) -> u64 {
+        let d = self.counters(ordinal, host);
         d.pool_allocs.fetch_add(1, Relaxed);
         add_saturating(&d.pool_alloc_bytes, size);
         let in_use = add_saturating(&d.in_use, size);
@@ -125,17 +146,17 @@ impl Stats {
         in_use
     }
 
-    pub fn pooled_free(&self, ordinal: i32, size: u64) -> u64 {
-        let d = self.device(ordinal);
+    pub fn pooled_free(&self, ordinal: i32, host: bool, size: u64) -> u64 {
+        let d = self.counters(ordinal, host);
         d.pool_frees.fetch_add(1, Relaxed);
         add_saturating(&d.pool_free_bytes, size);
-        self.no_longer_in_use(ordinal, size)
+        self.no_longer_in_use(ordinal, host, size)
     }
 
     /// Blocks the program held are gone without a free (a device reset).
     /// Returns the bytes still in use.
-    pub fn no_longer_in_use(&self, ordinal: i32, size: u64) -> u64 {
-        let in_use = &self.device(ordinal).in_use;
+    pub fn no_longer_in_use(&self, ordinal: i32, host: bool, size: u64) -> u64 {
+        let in_use = &self.counters(ordinal, host).in_use;
         let (Ok(previous) | Err(previous)) = in_use.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(size)));
         previous.saturating_sub(size)
     }
@@ -149,20 +170,26 @@ impl Stats {
     /// The exit table of process `pid`: one section per device that
     /// allocated, then what passed through, the host time per call, and the
     /// trace's rows that could not be written, if any. `peaks` gives the
-    /// pool's figures for a device, where they could be read.
-    pub fn report(&self, pid: u32, trace_rows_lost: u64, peaks: impl Fn(i32) -> Option<PoolPeaks>) -> String {
+    /// pool's figures for a device (or its host pool), where they could be read.
+    pub fn report(&self, pid: u32, trace_rows_lost: u64, peaks: impl Fn(i32, bool) -> Option<PoolPeaks>) -> String {
         let mut out = format!("somashim statistics (pid {pid})\n");
-        for (ordinal, d) in self.devices.iter().enumerate() {
+        let devices = self.devices.iter().enumerate().map(|(ordinal, d)| (ordinal, d, false));
+        let hosts = self.hosts.iter().enumerate().map(|(ordinal, d)| (ordinal, d, true));
+        for (ordinal, d, host) in devices.chain(hosts) {
             let allocs = d.pool_allocs.load(Relaxed);
             if allocs == 0 && d.oom_fallbacks.load(Relaxed) == 0 && d.limit_refusals.load(Relaxed) == 0 {
                 continue;
             }
-            let _ = writeln!(out, "device {ordinal}");
+            if host {
+                let _ = writeln!(out, "pinned host memory (device {ordinal})");
+            } else {
+                let _ = writeln!(out, "device {ordinal}");
+            }
             row(&mut out, "pool allocations", allocs, d.pool_alloc_bytes.load(Relaxed));
             row(&mut out, "pool frees", d.pool_frees.load(Relaxed), d.pool_free_bytes.load(Relaxed));
             figure(&mut out, "in use now", d.in_use.load(Relaxed));
             figure(&mut out, "peak in use (shim)", d.peak_in_use.load(Relaxed));
-            match peaks(ordinal as i32) {
+            match peaks(ordinal as i32, host) {
                 Some(p) => {
                     figure(&mut out, "peak in use (pool)", p.used_high);
                     figure(&mut out, "peak reserved (pool)", p.reserved_high);
@@ -199,7 +226,12 @@ impl Stats {
             out.push_str("  nothing\n");
         }
         out.push_str("host time per call\n");
-        for (name, timing) in [("cudaMalloc/cuMemAlloc", &self.alloc_time), ("cudaFree/cuMemFree", &self.free_time)] {
+        for (name, timing) in [
+            ("cudaMalloc/cuMemAlloc", &self.alloc_time),
+            ("cudaFree/cuMemFree", &self.free_time),
+            ("cudaMallocHost/cuMemAllocHost", &self.host_alloc_time),
+            ("cudaFreeHost/cuMemFreeHost", &self.host_free_time),
+        ] {
             if let Some(us) = timing.mean_us() {
                 let _ = writeln!(out, "  {name:<28}{us:>9.2} us  ({} calls)", timing.calls.load(Relaxed));
             }
@@ -258,10 +290,10 @@ mod tests {
     #[test]
     fn in_use_and_peak_follow_allocations_and_frees() {
         let stats = Stats::default();
-        assert_eq!(stats.pooled_alloc(0, 100), 100);
-        assert_eq!(stats.pooled_alloc(0, 50), 150);
-        assert_eq!(stats.pooled_free(0, 100), 50);
-        assert_eq!(stats.pooled_alloc(1, 10), 10, "devices are counted apart");
+        assert_eq!(stats.pooled_alloc(0, false, 100), 100);
+        assert_eq!(stats.pooled_alloc(0, false, 50), 150);
+        assert_eq!(stats.pooled_free(0, false, 100), 50);
+        assert_eq!(stats.pooled_alloc(1, false, 10), 10, "devices are counted apart");
         let d = stats.device(0);
         assert_eq!(d.peak_in_use.load(Relaxed), 150);
         assert_eq!(d.in_use.load(Relaxed), 50);
@@ -270,30 +302,32 @@ mod tests {
     #[test]
     fn report_lists_devices_reasons_and_peaks() {
         let stats = Stats::default();
-        stats.pooled_alloc(1, 3 << 20);
-        stats.pooled_free(1, 3 << 20);
+        stats.pooled_alloc(1, false, 3 << 20);
+        stats.pooled_free(1, false, 3 << 20);
+        stats.pooled_alloc(0, true, 1 << 20);
         stats.passed_through(Passthrough::ZeroSize, 0);
         stats.passed_through(Passthrough::SizeOutOfRange, 5 << 30);
         stats.passed_frees.fetch_add(2, Relaxed);
         stats.alloc_time.add(1500);
-        let report = stats.report(7, 0, |d| (d == 1).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 }));
+        let report = stats.report(7, 0, |d, host| (d == 1 && !host).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 }));
         assert!(report.starts_with("somashim statistics (pid 7)\n"), "{report}");
         assert!(report.contains("device 1\n"), "{report}");
-        assert!(!report.contains("device 0\n"), "idle devices are left out: {report}");
+        assert!(!report.contains("\ndevice 0\n"), "idle devices are left out: {report}");
+        assert!(report.contains("pinned host memory (device 0)\n"), "{report}");
         assert!(report.contains("pool allocations") && report.contains("3.0 MiB"), "{report}");
         assert!(report.contains("peak reserved (pool)") && report.contains("32.0 MiB"), "{report}");
         assert!(report.contains("ZeroSize") && report.contains("SizeOutOfRange") && report.contains("5.0 GiB"));
         assert!(report.contains("frees of other pointers"), "{report}");
         assert!(report.contains("1.50 us"), "{report}");
         assert!(!report.contains("trace incomplete"), "{report}");
-        assert!(stats.report(7, 12, |_| None).ends_with("trace incomplete: 12 rows lost (writing it failed)\n"));
+        assert!(stats.report(7, 12, |_, _| None).ends_with("trace incomplete: 12 rows lost (writing it failed)\n"));
     }
 
     #[test]
     fn unreadable_pool_figures_are_said_so() {
         let stats = Stats::default();
-        stats.pooled_alloc(0, 1);
-        assert!(stats.report(7, 0, |_| None).contains("unavailable"));
+        stats.pooled_alloc(0, false, 1);
+        assert!(stats.report(7, 0, |_, _| None).contains("unavailable"));
     }
 
     #[test]
@@ -312,14 +346,14 @@ mod tests {
         stats.passed_through(Passthrough::PoolOutOfMemory, u64::MAX);
         stats.passed_through(Passthrough::PoolOutOfMemory, u64::MAX);
         assert_eq!(stats.passed_bytes[reason_index(Passthrough::PoolOutOfMemory)].load(Relaxed), u64::MAX);
-        assert_eq!(stats.pooled_alloc(0, u64::MAX - 1), u64::MAX - 1);
-        assert_eq!(stats.pooled_alloc(0, 2), u64::MAX, "in use stops at the top");
+        assert_eq!(stats.pooled_alloc(0, false, u64::MAX - 1), u64::MAX - 1);
+        assert_eq!(stats.pooled_alloc(0, false, 2), u64::MAX, "in use stops at the top");
         assert_eq!(stats.device(0).pool_alloc_bytes.load(Relaxed), u64::MAX);
-        assert_eq!(stats.pooled_free(1, 5), 0, "in use stops at zero");
+        assert_eq!(stats.pooled_free(1, false, 5), 0, "in use stops at zero");
         stats.alloc_time.add(u64::MAX);
         stats.alloc_time.add(u64::MAX);
         assert_eq!(stats.alloc_time.nanos.load(Relaxed), u64::MAX);
-        let report = stats.report(7, 0, |_| None);
+        let report = stats.report(7, 0, |_, _| None);
         assert!(report.contains(">= 16.0 EiB"), "{report}");
         assert!(!report.contains("TiB"), "no wrapped figure: {report}");
     }

@@ -30,6 +30,10 @@ pub enum Op {
     Free,
     /// The program freed a pool block itself (`cudaFreeAsync`).
     FreeAsync,
+    /// The host pool handed out pinned host memory.
+    HostAlloc,
+    /// `cudaFreeHost`/`cuMemFreeHost` of a host pool block.
+    HostFree,
 }
 
 impl Op {
@@ -38,6 +42,8 @@ impl Op {
             Op::Alloc => "alloc",
             Op::Free => "free",
             Op::FreeAsync => "free_async",
+            Op::HostAlloc => "host_alloc",
+            Op::HostFree => "host_free",
         }
     }
 }

@@ -107,6 +107,21 @@ impl Gpu for Driver {
         Ok(value != 0)
     }
 
+    fn supports_host_pools(&self, device: i32) -> CuResult<bool> {
+        let mut value: c_int = 0;
+        let attribute = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED;
+        // SAFETY: one out-pointer to a local.
+        check(unsafe { cu::cuDeviceGetAttribute(&mut value, attribute as c_int, device) })?;
+        Ok(value != 0)
+    }
+
+    fn device_count(&self) -> CuResult<i32> {
+        let mut count: c_int = 0;
+        // SAFETY: one out-pointer to a local.
+        check(unsafe { cu::cuDeviceGetCount(&mut count) })?;
+        Ok(count)
+    }
+
     fn total_memory(&self, device: i32) -> CuResult<u64> {
         let mut bytes: usize = 0;
         // SAFETY: one out-pointer to a local.
@@ -211,6 +226,23 @@ impl Gpu for Driver {
         // SAFETY: one out-pointer to a local.
         check(unsafe { cu::cuDeviceGetDefaultMemPool(&mut pool, device) })?;
         Ok(Pool(pool))
+    }
+
+    fn create_host_pool(&self, device: i32) -> CuResult<Pool> {
+        // SAFETY: as in create_pool.
+        let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 };
+        let mut pool: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `props` is a complete description; one out-pointer to a local.
+        check(unsafe { cu::cuMemPoolCreate(&mut pool, (&props as *const CUmemPoolProps).cast()) })?;
+        let pool = Pool(pool);
+        if let Err(e) = self.set_peer_access(pool, device, true) {
+            let _ = self.destroy_pool(pool);
+            return Err(e);
+        }
+        Ok(pool)
     }
 
     fn destroy_pool(&self, pool: Pool) -> CuResult<()> {

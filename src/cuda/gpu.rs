@@ -75,7 +75,10 @@ pub trait Gpu {
     fn synchronize_context(&self) -> CuResult<()>;
 
     fn supports_pools(&self, device: i32) -> CuResult<bool>;
+    /// Whether `device` can use pools of pinned host memory.
+    fn supports_host_pools(&self, device: i32) -> CuResult<bool>;
     fn total_memory(&self, device: i32) -> CuResult<u64>;
+    fn device_count(&self) -> CuResult<i32>;
 
     fn create_nonblocking_stream(&self) -> CuResult<Stream>;
     fn destroy_stream(&self, stream: Stream) -> CuResult<()>;
@@ -96,6 +99,10 @@ pub trait Gpu {
     /// A pool of device memory on `device`, private to the shim.
     fn create_pool(&self, device: i32) -> CuResult<Pool>;
     fn default_pool(&self, device: i32) -> CuResult<Pool>;
+    /// A pool of pinned host memory, private to the shim, that kernels on
+    /// `device` may read and write (a host pool grants no device access by
+    /// itself: measured, a kernel touching it faults).
+    fn create_host_pool(&self, device: i32) -> CuResult<Pool>;
     fn destroy_pool(&self, pool: Pool) -> CuResult<()>;
     fn set_release_threshold(&self, pool: Pool, bytes: u64) -> CuResult<()>;
     fn set_reuse_policies(&self, pool: Pool, follow_event_deps: bool, opportunistic: bool, internal_deps: bool)

@@ -145,6 +145,11 @@ pub mod runtime {
         cudaMalloc3D(ptr: *mut c_void, extent: cudarc::runtime::sys::cudaExtent);
         cudaFree(ptr: *mut c_void);
         cudaFreeAsync(ptr: *mut c_void, stream: *mut c_void);
+        cudaMallocHost(ptr: *mut *mut c_void, size: usize);
+        cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint);
+        cudaFreeHost(ptr: *mut c_void);
+        cudaHostGetFlags(flags: *mut c_uint, ptr: *mut c_void);
+        cudaHostGetDevicePointer(device: *mut *mut c_void, host: *mut c_void, flags: c_uint);
         cudaGetDevice(device: *mut c_int);
         cudaMemGetInfo(free: *mut usize, total: *mut usize);
         cudaIpcGetMemHandle(handle: *mut c_void, ptr: *mut c_void);
@@ -209,6 +214,7 @@ pub mod driver {
         cuCtxSynchronize();
         cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: c_int);
         cuDeviceTotalMem_v2(bytes: *mut usize, device: c_int);
+        cuDeviceGetCount(count: *mut c_int);
         cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int);
         cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device: c_int);
         cuDevicePrimaryCtxRelease_v2(device: c_int);
@@ -232,6 +238,11 @@ pub mod driver {
         cuMemAlloc_v2(ptr: *mut u64, size: usize);
         cuMemAllocPitch_v2(ptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint);
         cuMemFree_v2(ptr: u64);
+        cuMemAllocHost_v2(ptr: *mut *mut c_void, size: usize);
+        cuMemHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint);
+        cuMemFreeHost(ptr: *mut c_void);
+        cuMemHostGetFlags(flags: *mut c_uint, ptr: *mut c_void);
+        cuMemHostGetDevicePointer_v2(device: *mut u64, host: *mut c_void, flags: c_uint);
         cuMemFreeAsync(ptr: u64, stream: *mut c_void);
         cuMemFreeAsync_ptsz(ptr: u64, stream: *mut c_void);
         cuStreamCreate(stream: *mut *mut c_void, flags: c_uint);

@@ -11,6 +11,7 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 
+use super::hooks::HOST_MAPPED;
 use crate::cuda::driver;
 use crate::cuda::gpu::{Context, Gpu};
 use crate::cuda::real::{self, SUCCESS};
@@ -100,3 +101,12 @@ pub fn peer_devices(peer: *mut c_void) -> Option<(i32, i32)> {
     let owner = driver.with_context(Context(peer), || driver.current_device()).ok()?.ok()?;
     Some((owner, accessor))
 }
+
+/// What `cuMemHostGetFlags` answers for a real `cuMemHostAlloc(flags)`,
+/// measured (docs/FACTS.md): every allocation is mapped.
+pub fn reported_host_flags(requested: u32) -> u32 {
+    requested | HOST_MAPPED
+}
+
+/// The flags `cuMemAllocHost` allocates with (measured: it reports mapped only).
+pub const ALLOC_HOST_FLAGS: u32 = 0;

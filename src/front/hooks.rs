@@ -13,16 +13,18 @@ use std::sync::{Mutex, Once, OnceLock};
 use std::time::Instant;
 
 use super::caller::{self, CallerFilter};
-use super::driver_door::OUT_OF_MEMORY;
-use super::runtime_door::{Extent, PitchedPtr};
 use crate::core::allocator::{Allocator, Freed, Unserved};
 use crate::core::config::{Config, StatsOutput};
 use crate::core::passthrough::Passthrough;
+use crate::core::ptrmap::Memory;
 use crate::core::reclaimer::ForkPause;
 use crate::core::stats::{self, Timing};
 use crate::cuda::driver::{self, Driver};
 use crate::cuda::gpu::{Context, Gpu, Stream};
 use crate::cuda::real::SUCCESS;
+
+/// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
+pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPtr};
 
 /// The process's allocator. The first call reads the configuration; a bad
 /// value ends the process with status 2 before anything is allocated.
@@ -203,23 +205,26 @@ unsafe fn allocate(
     }
 }
 
-/// `cudaMallocPitch`: `height` rows of `width` bytes, each row starting
-/// `*pitch` bytes after the previous one, the pitch being the one the real
-/// function gives (see `pitched`). Requests the real function would refuse
-/// or answer without memory (a zero width or height, a null out-pointer) are
-/// its own. SAFETY: `out` and `pitch` are null or writable.
+/// `cudaMallocPitch`/`cuMemAllocPitch`: `height` rows of `width` bytes,
+/// each row starting `*pitch` bytes after the previous one, the pitch being
+/// the one the real function gives (see `pitched`). Requests the real
+/// function would refuse or answer without memory (a zero width or height, a
+/// null out-pointer, or what the door says is not `poolable`: an element
+/// size the driver refuses) are its own; the rest as for `malloc`.
+/// SAFETY: `out` and `pitch` are null or writable.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn malloc_pitch(
     out: *mut u64,
     pitch: *mut usize,
     width: usize,
     height: usize,
+    poolable: bool,
     caller: usize,
     make_context_current: impl FnOnce() -> bool,
     out_of_memory: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    let layout = (!pitch.is_null() && !out.is_null())
+    let layout = (poolable && !pitch.is_null() && !out.is_null())
         .then(|| driver_and_context(make_context_current).ok())
         .flatten()
         .and_then(|(driver, _)| pitched(driver, width, height));
@@ -264,40 +269,27 @@ fn pitched(driver: &Driver, width: usize, height: usize) -> Option<(u64, u64)> {
     Some((pitch, pitch.checked_mul(height as u64)?))
 }
 
-/// `cuMemAllocPitch`: as `cudaMallocPitch`; `element_size_valid` is false
-/// for an element size the real function refuses.
-/// SAFETY: `out` and `pitch` are null or writable.
-pub unsafe fn malloc_pitch_driver(
-    out: *mut u64,
-    pitch: *mut usize,
-    width: usize,
-    height: usize,
-    element_size_valid: bool,
+/// `cudaMalloc3D`: a pitched allocation of `extent.height * extent.depth`
+/// rows of `extent.width` bytes, described in `*out`; the rest as for
+/// `malloc_pitch`. SAFETY: `out` is null or writable.
+pub unsafe fn malloc_3d(
+    out: *mut PitchedPtr,
+    extent: Extent,
     caller: usize,
+    make_context_current: impl FnOnce() -> bool,
+    out_of_memory: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    if !element_size_valid {
-        allocator().stats.passed_through(Passthrough::PitchNotPooled, 0);
-        return real();
-    }
-    // SAFETY: as this function's contract.
-    unsafe { malloc_pitch(out, pitch, width, height, caller, || false, || OUT_OF_MEMORY, real) }
-}
-
-/// `cudaMalloc3D`: a pitched allocation of `extent.height * extent.depth`
-/// rows of `extent.width` bytes, described in `*out`.
-/// SAFETY: `out` is null or writable.
-pub unsafe fn malloc_3d(out: *mut PitchedPtr, extent: Extent, caller: usize, real: impl FnOnce() -> u32) -> u32 {
     let rows = extent.height.checked_mul(extent.depth);
     let (Some(rows), false) = (rows, out.is_null()) else {
         allocator().stats.passed_through(Passthrough::PitchNotPooled, 0);
         return real();
     };
     let (mut ptr, mut pitch) = (0u64, 0usize);
-    let door = super::runtime_door::make_context_current;
-    let oom = super::runtime_door::out_of_memory;
     // SAFETY: two locals as out-pointers.
-    let rc = unsafe { malloc_pitch(&mut ptr, &mut pitch, extent.width, rows, caller, door, oom, real) };
+    let rc = unsafe {
+        malloc_pitch(&mut ptr, &mut pitch, extent.width, rows, true, caller, make_context_current, out_of_memory, real)
+    };
     if rc == SUCCESS && ptr != 0 {
         // SAFETY: checked non-null; writable by the C contract.
         unsafe { *out = PitchedPtr { ptr: ptr as *mut c_void, pitch, xsize: extent.width, ysize: extent.height } };
@@ -346,7 +338,7 @@ fn pool_alloc(
         return Err(Passthrough::StreamCapture.into());
     }
     let (driver, context) = driver_and_context(make_context_current)?;
-    allocator.alloc(driver, context, size, caller)
+    allocator.alloc(driver, context, size, caller, Memory::Device)
 }
 
 /// The driver and the current context, made current first where none is.
@@ -389,7 +381,18 @@ pub fn free(
             }
         }
     }
-    match allocator.free(driver, ptr) {
+    finish_free(allocator, driver, allocator.free(driver, ptr, Memory::Device), invalid_value, real)
+}
+
+/// What a free answers once the core has taken (or refused) the pointer.
+fn finish_free(
+    allocator: &'static Allocator,
+    driver: &'static Driver,
+    freed: Freed,
+    invalid_value: impl FnOnce() -> u32,
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    match freed {
         Freed::Issued { device } => {
             if allocator.reclaimer.wanted() {
                 allocator.start_reclaimer(driver);
@@ -400,11 +403,133 @@ pub fn free(
             SUCCESS
         }
         Freed::Deferred => SUCCESS,
-        Freed::DoubleFree => invalid_value(),
+        // The real free refuses a freed pointer, and one of the other kind of memory.
+        Freed::DoubleFree | Freed::OtherMemory => invalid_value(),
         Freed::NotOurs => {
             allocator.stats.passed_frees.fetch_add(1, Relaxed);
             real()
         }
+    }
+}
+
+/// Host allocation flags, the runtime's and the driver's alike
+/// (`cudaHostAllocPortable` = `CU_MEMHOSTALLOC_PORTABLE`, ...).
+const HOST_PORTABLE: u32 = 1;
+pub const HOST_MAPPED: u32 = 2;
+pub const HOST_WRITE_COMBINED: u32 = 4;
+
+/// `cudaMallocHost`/`cudaHostAlloc`/`cuMemAllocHost`/`cuMemHostAlloc`:
+/// pinned host memory, `out` receives its address. `requested`: the flags
+/// asked for; `reported`: what `cudaHostGetFlags` answers for the real
+/// allocation (each door knows its own; docs/FACTS.md). `make_context_current`
+/// as for `malloc`.
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn malloc_host(
+    out: *mut *mut c_void,
+    size: usize,
+    requested: u32,
+    reported: u32,
+    make_context_current: impl FnOnce() -> bool,
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    let allocator = allocator();
+    let _timer = CallTimer::start(allocator, &allocator.stats.host_alloc_time);
+    let memory = Memory::Host { flags: reported };
+    match pool_alloc_host(allocator, out.is_null(), size as u64, requested, memory, make_context_current) {
+        Ok(ptr) => {
+            // SAFETY: `out` is non-null here (checked in pool_alloc_host) and writable.
+            unsafe { *out = ptr as *mut c_void };
+            arm_process_handlers();
+            SUCCESS
+        }
+        Err(reason) => {
+            log::trace!("pinned host allocation of {size} bytes passed through: {reason:?}");
+            allocator.stats.passed_through(reason, size as u64);
+            let rc = real();
+            if rc == SUCCESS {
+                arm_process_handlers();
+            }
+            rc
+        }
+    }
+}
+
+fn pool_alloc_host(
+    allocator: &Allocator,
+    null_out: bool,
+    size: u64,
+    requested: u32,
+    memory: Memory,
+    make_context_current: impl FnOnce() -> bool,
+) -> Result<u64, Passthrough> {
+    if allocator.config.disable {
+        return Err(Passthrough::Disabled);
+    }
+    if !allocator.config.host_pool {
+        return Err(Passthrough::HostPoolOff);
+    }
+    if size == 0 {
+        return Err(Passthrough::ZeroSize);
+    }
+    if null_out {
+        return Err(Passthrough::NullOutPointer);
+    }
+    if requested & !(HOST_PORTABLE | HOST_MAPPED | HOST_WRITE_COMBINED) != 0 {
+        return Err(Passthrough::UnknownHostFlags);
+    }
+    if requested & HOST_WRITE_COMBINED != 0 {
+        return Err(Passthrough::WriteCombined);
+    }
+    if allocator.capture_in_progress() {
+        return Err(Passthrough::StreamCapture);
+    }
+    let (driver, context) = driver_and_context(make_context_current)?;
+    allocator.alloc(driver, context, size, 0, memory).map_err(|unserved| match unserved {
+        Unserved::PassThrough(reason) => reason,
+        // SOMA_MEMORY_LIMIT is of device memory: a host pool is never refused by it.
+        Unserved::OverMemoryLimit => Passthrough::PoolError,
+    })
+}
+
+/// `cudaFreeHost`/`cuMemFreeHost`; `invalid_value` as for `free`.
+pub fn free_host(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
+    let allocator = allocator();
+    let driver = match driver::loaded() {
+        Some(driver) if ptr != 0 && !allocator.config.disable => driver,
+        _ => return real(),
+    };
+    let _timer = CallTimer::start(allocator, &allocator.stats.host_free_time);
+    let freed = allocator.free(driver, ptr, Memory::Host { flags: 0 });
+    finish_free(allocator, driver, freed, invalid_value, real)
+}
+
+/// `cudaHostGetFlags`/`cuMemHostGetFlags`: for the shim's pinned host
+/// memory, the flags the real allocation would have.
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn host_get_flags(out: *mut c_uint, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
+    match Some(()).filter(|_| !out.is_null()).and_then(|()| allocator().host_block_flags(ptr)) {
+        Some(flags) => {
+            // SAFETY: checked non-null; writable by the C contract.
+            unsafe { *out = flags };
+            SUCCESS
+        }
+        None => real(),
+    }
+}
+
+/// `cudaHostGetDevicePointer`/`cuMemHostGetDevicePointer`: for the shim's
+/// pinned host memory, the address itself (measured: the real one answers
+/// the host address, for interior addresses too).
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn host_get_device_pointer(out: *mut u64, ptr: u64, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+    let ours = flags == 0 && !out.is_null();
+    match Some(()).filter(|_| ours).and_then(|()| allocator().host_block_flags(ptr)) {
+        Some(_) => {
+            // SAFETY: checked non-null; writable by the C contract.
+            unsafe { *out = ptr };
+            SUCCESS
+        }
+        None => real(),
     }
 }
 
@@ -420,7 +545,7 @@ pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOn
         rc = real();
         rc == SUCCESS
     });
-    if freed == Freed::DoubleFree {
+    if matches!(freed, Freed::DoubleFree | Freed::OtherMemory) {
         return invalid_value();
     }
     rc

@@ -2,10 +2,9 @@
 
 use std::ffi::{c_int, c_void};
 
+use super::hooks::HOST_MAPPED;
 use crate::cuda::real::{runtime as cuda, SUCCESS};
 
-/// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
-pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPtr};
 
 /// The runtime makes its context current lazily, at its first call on a
 /// thread; `cudaFree(NULL)` is the documented way to make it do so now.
@@ -38,4 +37,10 @@ pub fn current_device() -> Option<i32> {
     let mut device: c_int = -1;
     // SAFETY: one out-pointer to a local.
     (unsafe { cuda::cudaGetDevice(&mut device) } == SUCCESS).then_some(device)
+}
+
+/// What `cudaHostGetFlags` answers for a real `cudaHostAlloc(flags)`
+/// (`cudaMallocHost`: 0), measured (docs/FACTS.md): every allocation is mapped.
+pub fn reported_host_flags(requested: u32) -> u32 {
+    requested | HOST_MAPPED
 }
