@@ -257,8 +257,11 @@ impl Device {
             }
             Ok(false) => {}
             // A reset the shim does not see (the static runtime's) destroys the
-            // context under the reclaimer: the program's next call notices it.
-            Err(e) if e == CONTEXT_IS_DESTROYED => log::debug!("device {}: context destroyed", self.ordinal),
+            // context, or the streams and events in it, under the reclaimer:
+            // the program's next call notices it.
+            Err(e) if e == CONTEXT_IS_DESTROYED || self.was_reset(driver) => {
+                log::debug!("device {}: context destroyed or reset ({e:?})", self.ordinal)
+            }
             Err(e) => log::warn!("device {}: ordering frees after earlier work failed: {e:?}", self.ordinal),
         }
         let ordering = started.elapsed();
@@ -281,6 +284,12 @@ impl Device {
         } else {
             Activity::Idle
         }
+    }
+
+    /// Whether the context this pool was set up in is gone or was reset
+    /// (its ID changed).
+    fn was_reset(&self, driver: &impl Gpu) -> bool {
+        driver.context_id(self.context).ok() != Some(self.context_id)
     }
 
     fn wait_oldest(&self, r: &mut Reclaiming, driver: &impl Gpu) -> bool {
