@@ -215,7 +215,8 @@ int fakecuda_pool_stats(const void *pool, struct fakecuda_pool_stats *out);
  * CUresult: CUDA_ERROR_ILLEGAL_ADDRESS (700, not sticky) when p is not in a
  * live allocation or its device is not reachable from the stream's device:
  * for plain memory, peer access must be enabled (cuCtxEnablePeerAccess); for
- * pool memory, the pool must grant the device access (cuMemPoolSetAccess). */
+ * pool memory (a host pool's too), the pool must grant the device access
+ * (cuMemPoolSetAccess); pinned memory is reachable from every device. */
 int fakecuda_launch(const void *stream, const void *p);
 
 /* The CPU reads or writes the host memory (pinned, or of a host pool)
