@@ -79,7 +79,7 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork pitch)
+  fork pitch pinned)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -377,6 +377,20 @@ compare_settings "SOMA_MEMORY_LIMIT=64MiB, lazy GPU, a non-blocking stream (free
 compare "pitched allocations" pitch
 compare "pitched allocations, runtime resolving the driver by cuGetProcAddress" pitch FAKECUDA_RT_PROCADDR=1
 compare "pitched allocations SOMA_MAX_BYTES=64KiB (larger ones pass through)" pitch SOMA_MAX_BYTES=64KiB
+# pinned host memory: from a host memory pool under the shim, plain natively
+compare "pinned host memory" pinned
+compare "pinned host memory, driver door" pinned PINNED_DOOR=driver
+compare "pinned host memory SOMA_FREE_ORDER=barrier (host frees stay joined)" pinned SOMA_FREE_ORDER=barrier
+compare "pinned host memory, lazy GPU, SOMA_PENDING_FREE_LIMIT=4MiB" pinned FAKECUDA_LAZY_GPU=1 \
+  SOMA_PENDING_FREE_LIMIT=4MiB
+compare "pinned host memory, lazy GPU, driver door, SOMA_PENDING_FREE_LIMIT=4MiB" pinned FAKECUDA_LAZY_GPU=1 \
+  PINNED_DOOR=driver SOMA_PENDING_FREE_LIMIT=4MiB
+compare "pinned host memory, runtime resolving the driver by cuGetProcAddress" pinned FAKECUDA_RT_PROCADDR=1
+compare "pinned host memory SOMA_HOST_POOL=0 (passed through)" pinned SOMA_HOST_POOL=0
+compare "pinned host memory SOMA_DISABLE=1 (passed through)" pinned SOMA_DISABLE=1
+compare "pinned host memory, no host pool support (passed through)" pinned FAKECUDA_NO_HOST_POOLS=1
+compare "pinned host memory, no pool support (passed through)" pinned FAKECUDA_NO_POOLS=1
+compare "pinned host memory, 2 devices (passed through)" pinned FAKECUDA_DEVICES=2
 # 8. no pool support
 compare "no pool support" nopools FAKECUDA_NO_POOLS=1
 compare "no pool support, routing" routing FAKECUDA_NO_POOLS=1

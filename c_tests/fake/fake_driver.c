@@ -79,7 +79,7 @@ struct fblk {                   /* freed, still reserved pool memory */
 
 struct CUmemPoolHandle_st {
   uint32_t magic;
-  int dev, alive, is_default;
+  int dev, alive, is_default; /* dev -1: a host memory pool */
   unsigned gen;
   uint64_t threshold;
   int follow, opportunistic, internal;
@@ -107,7 +107,8 @@ struct capture {
 struct alloc {
   uintptr_t base;
   size_t size, rsize;
-  int kind, dev;
+  int kind, dev;                /* dev -1: host memory (pinned, or of a host pool) */
+  unsigned host_flags;          /* pinned: what cuMemHostGetFlags answers */
   struct CUmemPoolHandle_st *pool;
   struct CUstream_st *stream;
   int in_graph_free;
@@ -120,8 +121,12 @@ struct alloc {
 
 static pthread_mutex_t g_mu;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_ndev = 1, g_nopools, g_initialized, g_lazy;
+static int g_ndev = 1, g_nopools, g_nohostpools, g_initialized, g_lazy;
 static uint64_t g_limit = 16ull << 30;
+/* Pinned host memory (plain, and host pools' reserve) may not exceed this:
+ * a larger request is out of memory, as on a real machine. */
+#define HOST_MEM_LIMIT (64ull << 30)
+static uint64_t g_host_used;
 static int g_trace_fd = -1;
 static struct fakecuda_counters g_cnt;
 static char g_problem[1024];
@@ -130,6 +135,11 @@ static struct CUctx_st g_ctx[MAXDEV];
 static struct CUstream_st *g_legacy[MAXDEV];
 static struct CUmemPoolHandle_st *g_default_pool[MAXDEV];
 static uint64_t g_used[MAXDEV];
+
+/* Host memory belongs to no device (dev -1): it is counted apart, and a
+ * device reset leaves it alone (the shim gives its host pool back itself). */
+static uint64_t *used_of(int dev) { return dev < 0 ? &g_host_used : &g_used[dev]; }
+static uint64_t limit_of(int dev) { return dev < 0 ? HOST_MEM_LIMIT : g_limit; }
 
 static struct CUstream_st **g_streams;  /* every stream ever made, index = sid */
 static uint32_t g_nstreams, g_capstreams;
@@ -244,10 +254,10 @@ static struct CUmemPoolHandle_st *new_pool(int dev, int is_default) {
   p->dev = dev;
   p->alive = 1;
   p->is_default = is_default;
-  p->gen = g_ctx[dev].gen;
+  p->gen = dev < 0 ? 0 : g_ctx[dev].gen;
   p->threshold = 0;
   p->follow = p->opportunistic = p->internal = 1;
-  p->access[dev] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (dev >= 0) p->access[dev] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE; /* a host pool grants no device */
   p->last_access_device = -1;
   if (g_npools == g_cappools) {
     g_cappools = g_cappools ? g_cappools * 2 : 16;
@@ -269,6 +279,8 @@ static void init_once(void) {
   if (g_ndev < 0) g_ndev = 0;
   const char *np = getenv("FAKECUDA_NO_POOLS");
   g_nopools = np && strcmp(np, "0") != 0 && *np;
+  const char *nh = getenv("FAKECUDA_NO_HOST_POOLS");
+  g_nohostpools = g_nopools || (nh && strcmp(nh, "0") != 0 && *nh);
   g_limit = parse_u64(getenv("FAKECUDA_MEM_LIMIT"), 16ull << 30);
   const char *lz = getenv("FAKECUDA_LAZY_GPU");
   g_lazy = lz && *lz && strcmp(lz, "0") != 0;
@@ -311,6 +323,11 @@ static int ctx_valid(CUcontext c) {
   for (int i = 0; i < g_ndev; i++)
     if (c == &g_ctx[i]) return 1;
   return 0;
+}
+
+/* Not destroyed, nor reset with its device (a host pool has none). */
+static int pool_current(const struct CUmemPoolHandle_st *p) {
+  return p->dev < 0 || p->gen == g_ctx[p->dev].gen;
 }
 
 static int stream_live(const struct CUstream_st *s) {
@@ -374,7 +391,7 @@ static CUresult get_pool(CUmemoryPool h, struct CUmemPoolHandle_st **out) {
     problem("unknown pool handle %p", (void *)h);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (!p->alive || p->gen != g_ctx[p->dev].gen) {
+  if (!p->alive || !pool_current(p)) {
     CNT(invalid_handles);
     problem("pool %p used after it was destroyed (or its device reset)", (void *)h);
     return CUDA_ERROR_INVALID_VALUE;
@@ -506,7 +523,7 @@ static void pool_release(struct CUmemPoolHandle_st *p, uint64_t keep) {
     if (r > b->bytes) r = b->bytes;
     b->bytes -= r;
     p->reserved -= r;
-    g_used[p->dev] -= r;
+    *used_of(p->dev) -= r;
     if (b->bytes == 0) {
       *pp = b->next;
       fblk_destroy(b);
@@ -519,7 +536,7 @@ static void pool_release(struct CUmemPoolHandle_st *p, uint64_t keep) {
 static void release_all_pools(void) {
   for (uint32_t i = 0; i < g_npools; i++) {
     struct CUmemPoolHandle_st *p = g_pools[i];
-    if (p->gen == g_ctx[p->dev].gen) pool_release(p, p->threshold);
+    if (pool_current(p)) pool_release(p, p->threshold);
   }
 }
 
@@ -539,7 +556,7 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, struct CUstream_st *s, 
     if (blk_reusable(p, b, s)) avail += b->bytes;
   uint64_t take = avail < rn ? avail : rn;
   uint64_t need = rn - take;
-  if (n > g_limit || g_used[p->dev] + need > g_limit) goto oom;
+  if (n > limit_of(p->dev) || *used_of(p->dev) + need > limit_of(p->dev)) goto oom;
   struct alloc *a = make_alloc(n, FAKECUDA_POOL, p->dev);
   if (!a) goto oom;
   for (struct fblk **pp = &p->free; *pp && take;) {
@@ -564,7 +581,7 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, struct CUstream_st *s, 
     }
   }
   p->reserved += need;
-  g_used[p->dev] += need;
+  *used_of(p->dev) += need;
   p->used += rn;
   if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
   if (p->used > p->used_high) p->used_high = p->used;
@@ -739,6 +756,7 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) 
   if ((int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
   switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = !g_nopools; break;
+    case CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: *pi = !g_nohostpools; break;
     default: *pi = 0; break;
   }
   return CUDA_SUCCESS;
@@ -929,6 +947,15 @@ CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
   RET(CUDA_SUCCESS);
 }
 
+/* The host waits for all work issued so far in context c. */
+static void host_waits_for_context(struct CUctx_st *c) {
+  for (uint32_t i = 0; i < g_nstreams; i++) {
+    struct CUstream_st *s = g_streams[i];
+    if (s->ctx == c && s->gen == c->gen) vc_merge(&g_host_vc, &s->vc);
+  }
+  release_all_pools();
+}
+
 CUresult cuCtxSynchronize(void) {
   NEED_INIT();
   LOCK();
@@ -941,11 +968,7 @@ CUresult cuCtxSynchronize(void) {
     problem("cuCtxSynchronize during a stream capture");
     RET(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   }
-  for (uint32_t i = 0; i < g_nstreams; i++) {
-    struct CUstream_st *s = g_streams[i];
-    if (s->ctx == c && s->gen == c->gen) vc_merge(&g_host_vc, &s->vc);
-  }
-  release_all_pools();
+  host_waits_for_context(c);
   RET(CUDA_SUCCESS);
 }
 
@@ -1338,6 +1361,11 @@ CUresult cuMemAllocPitch(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
   return r;
 }
 
+static void count_pool_free(const struct alloc *a) {
+  if (a->pool->dev < 0) CNT(host_pool_frees);
+  else CNT(pool_frees);
+}
+
 static void free_plain(struct alloc *a) {
   g_used[a->dev] -= a->rsize;
   CNT(plain_frees);
@@ -1353,7 +1381,7 @@ CUresult cuMemFree(CUdeviceptr dptr) {
   if (r) RET(r);
   if (prohibited()) RET(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   struct alloc *a = find_exact((uintptr_t)dptr);
-  if (!a) {
+  if (!a || a->kind == FAKECUDA_PINNED) {
     CNT(drv_invalid_frees);
     problem("cuMemFree(%#llx): not the start of a live allocation", (unsigned long long)dptr);
     RET(CUDA_ERROR_INVALID_VALUE);
@@ -1363,7 +1391,7 @@ CUresult cuMemFree(CUdeviceptr dptr) {
     free_plain(a);
   } else { /* synchronous free of a pool block */
     pool_take_back(a, NULL);
-    CNT(pool_frees);
+    count_pool_free(a);
     trace("free pool %#" PRIxPTR "\n", a->base);
     destroy_alloc(a);
   }
@@ -1396,12 +1424,21 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool
   if (bytesize == 0) RET(CUDA_ERROR_INVALID_VALUE);
   r = gate(s, OP_MEM);
   if (r != CUDA_SUCCESS && r != CAPTURED) RET(r);
-  if (r == CAPTURED) CNT(captured_mem_ops);
+  int captured = r == CAPTURED;
+  if (captured) CNT(captured_mem_ops);
   else enqueue(s);
   struct alloc *a;
   r = pool_alloc(p, s, bytesize, &a);
   if (r) RET(r);
-  CNT(pool_allocs);
+  if (p->dev < 0) {
+    CNT(host_pool_allocs);
+    /* The CPU may use host memory only once the host has seen the allocation
+     * complete (fakecuda_cpu_use), as work on a stream not ordered after it
+     * may not (fakecuda_launch). */
+    if (!captured) vc_set_max(&a->ready, s->sid, s->clock);
+  } else {
+    CNT(pool_allocs);
+  }
   t_allocs++;
   s->pool_allocs++;
   trace("alloc pool %#" PRIxPTR " %zu dev%d\n", a->base, bytesize, p->dev);
@@ -1415,13 +1452,13 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
 }
 
 /* Is the free of block a on s ordered after all earlier work on every stream
- * of the block's device that may have touched it (work that touched it, and
+ * of the block's device (of every device, for host memory) that may have touched it (work that touched it, and
  * work whose memory is not known)? Work on other blocks is left out, so that
  * a free is not blamed for work another thread issued while it ran. */
 static void check_ordered(struct CUstream_st *s, struct alloc *a) {
   for (uint32_t i = 0; i < g_nstreams; i++) {
     struct CUstream_st *t = g_streams[i];
-    if (t == s || t->ctx->dev != a->dev || t->gen != t->ctx->gen) continue;
+    if (t == s || (a->dev >= 0 && t->ctx->dev != a->dev) || t->gen != t->ctx->gen) continue;
     uint64_t need = vc_get(&a->touch, t->sid);
     if (t->last_untargeted > need) need = t->last_untargeted;
     if (!need) continue;
@@ -1442,7 +1479,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   CUresult r = get_stream(hStream, &s);
   if (r) RET(r);
   struct alloc *a = find_exact((uintptr_t)dptr);
-  if (!a || a->in_graph_free) {
+  if (!a || a->in_graph_free || a->kind == FAKECUDA_PINNED) {
     CNT(drv_invalid_frees);
     problem("cuMemFreeAsync(%#llx): not the start of a live allocation", (unsigned long long)dptr);
     RET(CUDA_ERROR_INVALID_VALUE);
@@ -1463,9 +1500,101 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   check_ordered(s, a);
   s->pool_frees++;
   pool_take_back(a, s);
-  CNT(pool_frees);
+  count_pool_free(a);
   trace("free pool %#" PRIxPTR "\n", a->base);
   destroy_alloc(a);
+  RET(CUDA_SUCCESS);
+}
+
+/* ---- pinned host memory: real host memory, mapped for every device (its
+ * device address is its host address), not the device's: a device reset
+ * leaves it. Codes as measured (docs/FACTS.md, "Pinned host memory"). */
+#define HOST_ALLOC_FLAGS (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
+
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+  NEED_INIT();
+  if (!pp) return CUDA_ERROR_INVALID_VALUE;
+  *pp = NULL;
+  if (Flags & ~(unsigned)HOST_ALLOC_FLAGS) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) RET(r);
+  if (bytesize == 0) RET(CUDA_SUCCESS); /* NULL, as the real one */
+  if (prohibited()) RET(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  struct alloc *a = NULL;
+  if (bytesize <= HOST_MEM_LIMIT && g_host_used + round256(bytesize) <= HOST_MEM_LIMIT)
+    a = make_alloc(bytesize, FAKECUDA_PINNED, -1);
+  if (!a) {
+    CNT(alloc_failures);
+    trace("oom pinned %zu\n", bytesize);
+    RET(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  g_host_used += a->rsize;
+  a->host_flags = Flags | CU_MEMHOSTALLOC_DEVICEMAP; /* every allocation is mapped */
+  CNT(pinned_allocs);
+  t_allocs++;
+  trace("alloc pinned %#" PRIxPTR " %zu\n", a->base, bytesize);
+  *pp = a->mem;
+  RET(CUDA_SUCCESS);
+}
+
+CUresult cuMemAllocHost(void **pp, size_t bytesize) { return cuMemHostAlloc(pp, bytesize, 0); }
+
+/* As the real one, it synchronizes the device first (every device here). */
+CUresult cuMemFreeHost(void *p) {
+  NEED_INIT();
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) RET(r);
+  if (!p) RET(CUDA_SUCCESS);
+  if (prohibited()) RET(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  struct alloc *a = find_exact((uintptr_t)p);
+  if (!a || a->kind != FAKECUDA_PINNED) {
+    CNT(drv_invalid_frees);
+    problem("cuMemFreeHost(%p): not the start of live pinned host memory", p);
+    RET(CUDA_ERROR_INVALID_VALUE);
+  }
+  t_waits++;
+  for (int d = 0; d < g_ndev; d++)
+    if (g_ctx[d].active) host_waits_for_context(&g_ctx[d]);
+  g_host_used -= a->rsize;
+  CNT(pinned_frees);
+  trace("free pinned %#" PRIxPTR "\n", a->base);
+  destroy_alloc(a);
+  RET(CUDA_SUCCESS);
+}
+
+/* The pinned allocation holding p (at its start or inside it), or NULL:
+ * host pool memory is not pinned memory to these queries (measured). */
+static struct alloc *pinned_holding(const void *p) {
+  struct alloc *a = find_containing((uintptr_t)p);
+  return a && a->kind == FAKECUDA_PINNED ? a : NULL;
+}
+
+CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
+  NEED_INIT();
+  if (!pFlags) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) RET(r);
+  struct alloc *a = pinned_holding(p);
+  if (!a) RET(CUDA_ERROR_INVALID_VALUE);
+  *pFlags = a->host_flags;
+  RET(CUDA_SUCCESS);
+}
+
+CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
+  NEED_INIT();
+  if (!pdptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r) RET(r);
+  if (!pinned_holding(p)) RET(CUDA_ERROR_INVALID_VALUE);
+  *pdptr = (CUdeviceptr)(uintptr_t)p;
   RET(CUDA_SUCCESS);
 }
 
@@ -1475,10 +1604,12 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
   if (g_nopools) return CUDA_ERROR_NOT_SUPPORTED;
   if (!pool || !poolProps) return CUDA_ERROR_INVALID_VALUE;
   if (poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-  if (poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-  if (poolProps->location.id < 0 || poolProps->location.id >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+  int host = poolProps->location.type == CU_MEM_LOCATION_TYPE_HOST;
+  if (host && g_nohostpools) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!host && poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+  if (!host && (poolProps->location.id < 0 || poolProps->location.id >= g_ndev)) return CUDA_ERROR_INVALID_DEVICE;
   LOCK();
-  *pool = new_pool(poolProps->location.id, 0);
+  *pool = new_pool(host ? -1 : poolProps->location.id, 0);
   CNT(pools_created);
   RET(CUDA_SUCCESS);
 }
@@ -1611,6 +1742,11 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuMemGetInfo", cuMemGetInfo_v2),
     PROC("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync),
     PROC("cuMemFreeAsync", cuMemFreeAsync),
+    PROC("cuMemAllocHost", cuMemAllocHost_v2),
+    PROC("cuMemHostAlloc", cuMemHostAlloc),
+    PROC("cuMemFreeHost", cuMemFreeHost),
+    PROC("cuMemHostGetFlags", cuMemHostGetFlags),
+    PROC("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2),
     PROC("cuGetProcAddress", cuGetProcAddress_v2),
 };
 
@@ -1656,6 +1792,7 @@ int fakecuda_ptr_info(const void *p, struct fakecuda_ptr_info *out) {
   }
   out->kind = a->kind;
   out->device = a->dev;
+  out->host = a->dev < 0;
   out->base = a->base;
   out->size = a->size;
   out->pool = a->pool;
@@ -1740,9 +1877,10 @@ int fakecuda_pool_stats(const void *pool, struct fakecuda_pool_stats *out) {
     UNLOCK();
     return 0;
   }
-  out->alive = p->alive && p->gen == g_ctx[p->dev].gen;
+  out->alive = p->alive && pool_current(p);
   out->device = p->dev;
   out->is_default = p->is_default;
+  out->is_host = p->dev < 0;
   out->release_threshold = p->threshold;
   out->reuse_follow_event_deps = p->follow;
   out->reuse_allow_opportunistic = p->opportunistic;
@@ -1789,7 +1927,7 @@ static int launch(const void *stream, const void *p, int check_access) {
       problem("kernel touched %p: not device memory", p);
       RET(CUDA_ERROR_ILLEGAL_ADDRESS);
     }
-    int ok = !check_access || a->dev == from ||
+    int ok = !check_access || a->dev == from || a->kind == FAKECUDA_PINNED || /* mapped for every device */
              (a->kind == FAKECUDA_PLAIN ? s->ctx->peer[a->dev]
                                         : a->pool->access[from] == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     if (!ok) {
@@ -1810,6 +1948,30 @@ static int launch(const void *stream, const void *p, int check_access) {
 }
 
 int fakecuda_launch(const void *stream, const void *p) { return launch(stream, p, 1); }
+
+int fakecuda_cpu_use(const void *p) {
+  init();
+  LOCK();
+  struct alloc *a = find_containing((uintptr_t)p);
+  if (!a || a->dev >= 0) {
+    problem("the CPU touched %p: not live pinned host memory", p);
+    UNLOCK();
+    return 0;
+  }
+  for (uint32_t i = 0; i < a->ready.n; i++) {
+    uint32_t sid = a->ready.e[i].sid;
+    uint64_t clk = a->ready.e[i].clk;
+    if (vc_get(&g_host_vc, sid) < clk) {
+      char y[64];
+      CNT(unordered_uses);
+      problem("the CPU uses %#" PRIxPTR ", which work on stream %s (clock %llu) may still use, or allocates", a->base,
+              stream_name(g_streams[sid], y, sizeof y), (unsigned long long)clk);
+      break;
+    }
+  }
+  UNLOCK();
+  return 1;
+}
 
 int fakecuda_device_idle(int dev) {
   init();

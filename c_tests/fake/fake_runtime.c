@@ -7,6 +7,14 @@
  * -> success and creates the context; cudaFree of a pool pointer is legal;
  * every error sets the per-thread last error (cudaGetLastError returns it
  * once, cudaPeekAtLastError does not reset it).
+ * Pinned host memory: cudaMallocHost/cudaHostAlloc/cudaFreeHost/
+ * cudaHostGetFlags/cudaHostGetDevicePointer are the driver's cuMemHostAlloc/
+ * cuMemFreeHost/cuMemHostGetFlags/cuMemHostGetDevicePointer, with its codes
+ * (the same numbers: size 0 -> success, p == NULL; NULL out-pointer or
+ * unknown flags -> invalid value; impossible size -> cudaErrorMemoryAllocation;
+ * cudaFreeHost of anything but the start of live pinned memory -> invalid
+ * value); cudaFree of pinned memory -> invalid value, of host pool memory ->
+ * success (it frees it).
  * cudaMalloc/cudaFree use the driver's plain path (cuMemAlloc/cuMemFree),
  * never the pool path, so tests can tell them apart. The runtime never calls
  * its own exported functions (an interposer would see them). */
@@ -51,7 +59,12 @@
   X(cuMemFree_v2, "cuMemFree")                                  \
   X(cuMemGetInfo_v2, "cuMemGetInfo")                            \
   X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")         \
-  X(cuMemFreeAsync, "cuMemFreeAsync")
+  X(cuMemFreeAsync, "cuMemFreeAsync")                           \
+  X(cuMemAllocHost_v2, "cuMemAllocHost")                        \
+  X(cuMemHostAlloc, "cuMemHostAlloc")                           \
+  X(cuMemFreeHost, "cuMemFreeHost")                             \
+  X(cuMemHostGetFlags, "cuMemHostGetFlags")                     \
+  X(cuMemHostGetDevicePointer_v2, "cuMemHostGetDevicePointer")
 
 #define DECL(sym, name) static __typeof__(&sym) d_##sym;
 DRIVER_FUNCS(DECL)
@@ -356,7 +369,7 @@ cudaError_t cudaFree(void *devPtr) {
   if (fakecuda__unsafe_call(&in_capture)) return seterr(cudaErrorStreamCaptureUnsupported);
   if (!devPtr) return cudaSuccess;
   struct fakecuda_ptr_info info;
-  if (!classify(devPtr, &info)) {
+  if (!classify(devPtr, &info) || info.kind == FAKECUDA_PINNED) {
     count_rt_invalid_free();
     return seterr(cudaErrorInvalidValue);
   }
@@ -395,11 +408,46 @@ cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
   if (e) return seterr(e);
   if (!devPtr) return cudaSuccess;
   struct fakecuda_ptr_info info;
-  if (!classify(devPtr, &info)) {
+  if (!classify(devPtr, &info) || info.kind == FAKECUDA_PINNED) {
     count_rt_invalid_free();
     return seterr(cudaErrorInvalidValue);
   }
   return rterr(d_cuMemFreeAsync((CUdeviceptr)devPtr, (CUstream)hStream));
+}
+
+/* ---- pinned host memory */
+static cudaError_t host_alloc(void **ptr, size_t size, unsigned int flags) {
+  if (!ptr) return seterr(cudaErrorInvalidValue);
+  cudaError_t e = rt_ctx(NULL);
+  if (e) return seterr(e);
+  return rterr(d_cuMemHostAlloc(ptr, size, flags));
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size) { return host_alloc(ptr, size, cudaHostAllocDefault); }
+
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) { return host_alloc(pHost, size, flags); }
+
+cudaError_t cudaFreeHost(void *ptr) {
+  cudaError_t e = rt_ctx(NULL);
+  if (e) return seterr(e);
+  return rterr(d_cuMemFreeHost(ptr));
+}
+
+cudaError_t cudaHostGetFlags(unsigned int *pFlags, void *pHost) {
+  cudaError_t e = rt_ctx(NULL);
+  if (e) return seterr(e);
+  return rterr(d_cuMemHostGetFlags(pFlags, pHost));
+}
+
+cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags) {
+  if (!pDevice) return seterr(cudaErrorInvalidValue);
+  cudaError_t e = rt_ctx(NULL);
+  if (e) return seterr(e);
+  CUdeviceptr d = 0;
+  CUresult r = d_cuMemHostGetDevicePointer_v2(&d, pHost, flags);
+  if (r) return rterr(r);
+  *pDevice = (void *)(uintptr_t)d;
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_, size_t *total) {
@@ -426,7 +474,9 @@ cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+/* A copy of count bytes on stream: checked against kind, counted as work on
+ * the stream for the device (or pinned) memory it touches, then made at once. */
+static cudaError_t copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
   cudaError_t e = rt_ctx(NULL);
   if (e) return seterr(e);
   if (count == 0) return cudaSuccess;
@@ -439,15 +489,23 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
     case cudaMemcpyDefault: break;
     default: return seterr(cudaErrorInvalidValue);
   }
-  if (dd || sd) { /* on the legacy stream, and synchronous */
-    int r = dd ? fakecuda__work(NULL, dst) : 0;
-    if (!r && sd) r = fakecuda__work(NULL, src);
-    if (r) return rterr((CUresult)r);
-    CUresult s = d_cuStreamSynchronize(NULL);
-    if (s) return rterr(s);
-  }
+  int r = dd ? fakecuda__work(stream, dst) : 0;
+  if (!r && sd) r = fakecuda__work(stream, src);
+  if (r) return rterr((CUresult)r);
   memmove(dst, src, count);
   return cudaSuccess;
+}
+
+/* On the legacy stream, and synchronous when it touches device memory. */
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+  cudaError_t e = copy(dst, src, count, kind, NULL);
+  if (e || count == 0 || (!dev_range(dst, count) && !dev_range(src, count))) return e;
+  return rterr(d_cuStreamSynchronize(NULL));
+}
+
+/* On stream, without waiting for it. */
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
+  return copy(dst, src, count, kind, stream);
 }
 
 /* ---- streams */

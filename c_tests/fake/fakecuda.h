@@ -15,6 +15,10 @@
  *                           returns CUDA_ERROR_NO_DEVICE)
  *   FAKECUDA_NO_POOLS=1     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0 and
  *                           every pool call returns CUDA_ERROR_NOT_SUPPORTED
+ *                           (host memory pools included)
+ *   FAKECUDA_NO_HOST_POOLS=1  CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED
+ *                           is 0 and cuMemPoolCreate of a host pool returns
+ *                           CUDA_ERROR_NOT_SUPPORTED (device pools work)
  *   FAKECUDA_MEM_LIMIT=n    bytes of device memory per device (default 16 GiB):
  *                           live plain allocations plus every pool's reserved
  *                           memory may not exceed it (CUDA_ERROR_OUT_OF_MEMORY,
@@ -59,6 +63,18 @@
  * - the legacy stream (NULL, CU_STREAM_LEGACY) waits for all blocking streams
  *   and they wait for it; non-blocking streams do not. CU_STREAM_PER_THREAD is
  *   a blocking stream per thread and context.
+ * - pinned host memory (cuMemAllocHost, cuMemHostAlloc; the runtime's
+ *   cudaMallocHost, cudaHostAlloc) is host memory the CPU may touch, mapped
+ *   for every device at its host address, at most 64 GiB in all. Its flags
+ *   read as requested | DEVICEMAP; cuMemFreeHost synchronizes every device
+ *   first, as the real one does; cudaFree/cuMemFree of it, and
+ *   cuMemFreeHost of anything else, fail with invalid value (docs/FACTS.md).
+ *   A host memory pool (cuMemPoolCreate, location type HOST) belongs to no
+ *   device (fakecuda_ptr_info's device -1): it grants no device access until
+ *   cuMemPoolSetAccess, and a reset leaves it. Its blocks are ordered like
+ *   device pool blocks (unordered_frees, unordered_uses, against the streams
+ *   of every device), and the CPU's use of one (fakecuda_cpu_use) must come
+ *   after the host saw its allocation and the earlier owners' work finish.
  * - stream capture: modes, prohibited ("unsafe") calls, implicit legacy-stream
  *   dependencies, forks through events and unjoined forks follow the CUDA
  *   documentation and what was measured on an H200 (docs/FACTS.md).
@@ -94,8 +110,9 @@ struct fakecuda_counters {
   uint64_t alloc_failures;     /* allocations refused: out of memory */
   uint64_t mem_free_calls;     /* cuMemFree_v2 calls that freed something */
   uint64_t free_async_calls;   /* cuMemFreeAsync calls that freed something */
-  uint64_t drv_invalid_frees;  /* cuMemFree/cuMemFreeAsync given a pointer that
-                                  is not the start of a live allocation */
+  uint64_t drv_invalid_frees;  /* cuMemFree/cuMemFreeAsync/cuMemFreeHost given a
+                                  pointer that is not the start of a live
+                                  allocation of their kind */
   uint64_t rt_invalid_frees;   /* cudaFree/cudaFreeAsync rejected a pointer */
   uint64_t event_records_legacy; /* cuEventRecord on the legacy stream */
   uint64_t event_records_other;  /* cuEventRecord on any other stream */
@@ -116,7 +133,9 @@ struct fakecuda_counters {
   uint64_t unordered_uses;     /* work (fakecuda_launch) on a pool block whose
                                   memory was reused while earlier work that
                                   used it may still run, on a stream not
-                                  ordered after that work */
+                                  ordered after that work; or the CPU's use
+                                  (fakecuda_cpu_use) of host memory before the
+                                  host saw that work, or its allocation, finish */
   uint64_t invalid_handles;    /* a call got a destroyed/unknown stream, event,
                                   pool or context (stale after a reset, say) */
   uint64_t streams_created, streams_destroyed;
@@ -126,17 +145,25 @@ struct fakecuda_counters {
   uint64_t device_resets;      /* cuDevicePrimaryCtxReset */
   uint64_t peer_enables;       /* cuCtxEnablePeerAccess that succeeded */
   uint64_t procaddr_lookups;   /* cuGetProcAddress calls */
+  /* Pinned host memory: cuMemAllocHost/cuMemHostAlloc (cudaMallocHost,
+   * cudaHostAlloc) and cuMemFreeHost (cudaFreeHost); allocations from host
+   * memory pools and their frees (not in pool_allocs, pool_frees). */
+  uint64_t pinned_allocs, pinned_frees;
+  uint64_t host_pool_allocs, host_pool_frees;
 };
 
 /* Live counters (fields change under you; prefer fakecuda_snapshot). */
 struct fakecuda_counters *fakecuda_counters(void);
 void fakecuda_snapshot(struct fakecuda_counters *out);
 
-enum { FAKECUDA_NONE = 0, FAKECUDA_PLAIN = 1, FAKECUDA_POOL = 2 };
+/* PLAIN: cuMemAlloc; POOL: from a pool (a host memory pool too); PINNED:
+ * cuMemAllocHost/cuMemHostAlloc. */
+enum { FAKECUDA_NONE = 0, FAKECUDA_PLAIN = 1, FAKECUDA_POOL = 2, FAKECUDA_PINNED = 3 };
 
 struct fakecuda_ptr_info {
-  int kind;          /* FAKECUDA_NONE (not inside a live allocation), _PLAIN, _POOL */
-  int device;
+  int kind;          /* FAKECUDA_NONE (not inside a live allocation), _PLAIN, _POOL, _PINNED */
+  int device;        /* -1 for host memory */
+  int host;          /* host memory: PINNED, or POOL of a host memory pool */
   uintptr_t base;    /* start of the allocation containing the pointer */
   size_t size;       /* its size as requested */
   void *pool;        /* CUmemoryPool it came from (pool kind), else NULL */
@@ -164,6 +191,7 @@ int fakecuda_stream_stats(const void *stream, struct fakecuda_stream_stats *out)
 
 struct fakecuda_pool_stats {
   int alive, device, is_default;
+  int is_host;                    /* a host memory pool (device -1) */
   uint64_t release_threshold;
   int reuse_follow_event_deps, reuse_allow_opportunistic, reuse_allow_internal_deps;
   uint64_t reserved, used;        /* bytes */
@@ -187,8 +215,16 @@ int fakecuda_pool_stats(const void *pool, struct fakecuda_pool_stats *out);
  * CUresult: CUDA_ERROR_ILLEGAL_ADDRESS (700, not sticky) when p is not in a
  * live allocation or its device is not reachable from the stream's device:
  * for plain memory, peer access must be enabled (cuCtxEnablePeerAccess); for
- * pool memory, the pool must grant the device access (cuMemPoolSetAccess). */
+ * pool memory (a host pool's too), the pool must grant the device access
+ * (cuMemPoolSetAccess); pinned memory is reachable from every device. */
 int fakecuda_launch(const void *stream, const void *p);
+
+/* The CPU reads or writes the host memory (pinned, or of a host pool)
+ * containing p now. Work of its earlier owners that the host has not seen
+ * finish, or the block's allocation on a stream the host has not seen pass
+ * it, counts as unordered_uses: the CPU would race it. Returns 1 if p is in
+ * live host memory, else 0 (nothing counted). */
+int fakecuda_cpu_use(const void *p);
 
 /* 1 if the host has synchronized with all work issued so far on every stream
  * of device dev (what a device-wide synchronization gives), else 0. Any
