@@ -56,6 +56,8 @@ pub struct Device {
     pub context_id: u64,
     pool: Pool,
     owns_pool: bool,
+    /// The pool was made shareable with other processes (CUDA IPC).
+    shareable: bool,
     /// Allocations, and returns of blocks whose work is done; nothing else.
     pool_stream: Stream,
     /// Waits for the work before each batch of frees; its done events pass in order.
@@ -110,9 +112,15 @@ pub enum FreePath {
 impl Device {
     /// Sets up the pool of `ordinal`, whose primary context is current.
     pub fn create(driver: &impl Gpu, ordinal: i32, context: Context, config: &Config) -> CuResult<Device> {
-        let (pool, owns_pool) = match config.pool {
-            PoolChoice::Own => (driver.create_pool(ordinal)?, true),
-            PoolChoice::Default => (driver.default_pool(ordinal)?, false),
+        let (pool, owns_pool, shareable) = match config.pool {
+            PoolChoice::Own => match driver.create_shareable_pool(ordinal) {
+                Ok(pool) => (pool, true, true),
+                Err(e) => {
+                    log::info!("device {ordinal}: no shareable pool ({e:?}): CUDA IPC on its blocks passes through");
+                    (driver.create_pool(ordinal)?, true, false)
+                }
+            },
+            PoolChoice::Default => (driver.default_pool(ordinal)?, false, false),
         };
         let total = driver.total_memory(ordinal)?;
         driver.set_release_threshold(pool, config.release_threshold.resolve(total))?;
@@ -128,6 +136,7 @@ impl Device {
             context_id: driver.context_id(context)?,
             pool,
             owns_pool,
+            shareable,
             pool_stream: driver.create_nonblocking_stream()?,
             join_stream: driver.create_nonblocking_stream()?,
             // Until a free has seen the streams, allocations stay off the legacy stream.
@@ -139,6 +148,11 @@ impl Device {
             pending: PendingFrees::default(),
             legacy_reuse: RwLock::new(()),
         })
+    }
+
+    /// The pool, if other processes may import it (CUDA IPC).
+    pub fn shareable_pool(&self) -> Option<Pool> {
+        self.shareable.then_some(self.pool)
     }
 
     /// A block of `size` bytes whose earlier work has passed, without a driver call.

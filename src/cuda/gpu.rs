@@ -95,6 +95,9 @@ pub trait Gpu {
 
     /// A pool of device memory on `device`, private to the shim.
     fn create_pool(&self, device: i32) -> CuResult<Pool>;
+    /// `create_pool`, but other processes may import the pool (its blocks
+    /// can be shared through CUDA IPC).
+    fn create_shareable_pool(&self, device: i32) -> CuResult<Pool>;
     fn default_pool(&self, device: i32) -> CuResult<Pool>;
     fn destroy_pool(&self, pool: Pool) -> CuResult<()>;
     fn set_release_threshold(&self, pool: Pool, bytes: u64) -> CuResult<()>;
