@@ -89,6 +89,7 @@ struct CUmemPoolHandle_st {
   int last_access_device;
   unsigned last_access_flags;
   int shareable;                /* created with a POSIX file descriptor handle type */
+  int exported;                 /* cuMemPoolExportToShareableHandle has been called */
   struct fblk *free;
 };
 
@@ -1489,6 +1490,7 @@ CUresult cuMemPoolExportToShareableHandle(void *handle, CUmemoryPool pool, CUmem
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (fd < 0) RET(CUDA_ERROR_OUT_OF_MEMORY);
   *(int *)handle = fd;
+  pool->exported = 1;
   CNT(pool_exports);
   RET(CUDA_SUCCESS);
 }
@@ -1498,7 +1500,10 @@ CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr ptr) {
   if (!data) return CUDA_ERROR_INVALID_VALUE;
   LOCK();
   struct alloc *a = find_exact((uintptr_t)ptr);
-  if (!a || a->kind == FAKECUDA_PLAIN || !a->pool || !a->pool->shareable) RET(CUDA_ERROR_INVALID_VALUE);
+  /* Only a block of a pool already exported (as the real driver, it seems:
+   * docs/FACTS.md "CUDA IPC"). */
+  if (!a || a->kind == FAKECUDA_PLAIN || !a->pool || !a->pool->shareable || !a->pool->exported)
+    RET(CUDA_ERROR_INVALID_VALUE);
   struct fake_export e;
   memset(&e, 0, sizeof e);
   memcpy(e.magic, "FAKEEXP", 8);

@@ -312,7 +312,8 @@ impl Driver {
     }
 
     /// What an importer of the block's pool needs to map the block at `ptr`
-    /// (its base address). The block's context must be current.
+    /// (its base address). The block's context must be current, and its pool
+    /// exported already (`export_pool`).
     pub fn export_pointer(&self, ptr: u64) -> CuResult<PointerExport> {
         let mut data: PointerExport = [0; 64];
         // SAFETY: the export data is 64 bytes, written to a local.

@@ -280,12 +280,14 @@ fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint:
     Some(Lease { connection, base })
 }
 
-/// The pool's descriptor (exported once per pool) and the block's export data.
+/// The pool's descriptor (exported once per pool, before any of its blocks)
+/// and the block's export data.
 fn export_block(allocator: &Allocator, base: u64, device: i32, pool_fds: &mut HashMap<usize, OwnedFd>) -> Option<(RawFd, PointerExport)> {
     let driver = driver::loaded()?;
     let (pool, context) = allocator.shareable_pool(device)?;
     let exported = driver.with_context(context, || -> Result<_, crate::cuda::gpu::CuError> {
-        let data = driver.export_pointer(base)?;
+        // The pool first: the driver exports blocks only of a pool already
+        // shared (measured: the block's export refuses with invalid value before).
         let fd = match pool_fds.get(&(pool.0 as usize)) {
             Some(fd) => fd.as_raw_fd(),
             None => {
@@ -295,7 +297,7 @@ fn export_block(allocator: &Allocator, base: u64, device: i32, pool_fds: &mut Ha
                 raw
             }
         };
-        Ok((fd, data))
+        Ok((fd, driver.export_pointer(base)?))
     });
     match exported {
         Ok(Ok(found)) => Some(found),
