@@ -10,6 +10,7 @@ a timeout, so a hang is a failure, not a stuck suite.
 """
 import queue
 import sys
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -28,6 +29,24 @@ def child(tensors, results):
         results.put(f"error: {str(e).splitlines()[0]}")
 
 
+def wait_for_answer(proc, results):
+    """The child's answer; a child that died first (say, in unpickling the
+    tensors) is reported at once, one that answers nothing after the timeout."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            return results.get(timeout=1)
+        except queue.Empty:
+            pass
+        if not proc.is_alive():
+            try:
+                return results.get(timeout=2)  # put just before it exited
+            except queue.Empty:
+                return f"no answer: the child exited with status {proc.exitcode}"
+        if time.monotonic() > deadline:
+            return "timeout: no answer from the child"
+
+
 def main():
     ctx = mp.get_context("spawn")
     whole = torch.arange(1024, dtype=torch.float32, device="cuda")
@@ -40,10 +59,7 @@ def main():
     except Exception as e:
         print(f"sharing failed in the parent: {str(e).splitlines()[0]}")
         return 1
-    try:
-        outcome = results.get(timeout=TIMEOUT_S)
-    except queue.Empty:
-        outcome = "timeout: no answer from the child"
+    outcome = wait_for_answer(proc, results)
     proc.join(TIMEOUT_S)
     if proc.is_alive():
         proc.kill()
