@@ -79,7 +79,7 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork pitch pinned)
+  fork pitch pinned ipc)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -439,6 +439,28 @@ checked() {
     fail "$name" "$RUNS/$KEY.why"
   fi
 }
+
+# CUDA IPC of pool memory between two shims (ipc.c), under the shim only: the
+# double has no legacy IPC to compare with. The runtime reaches the driver by
+# its exports and, as real runtimes do, through cuGetProcAddress.
+for procaddr in 0 1; do
+  name="ipc: pool memory shared between two shims (runtime procaddr=$procaddr)"
+  wanted "$name" || continue
+  next_key
+  run shim "$KEY" "$BIN/ipc" FAKECUDA_RT_PROCADDR=$procaddr
+  expected='held while the importer has it open: yes
+importer exit status 0
+freed once the importer closed it: yes
+open the handle of a freed block: 1
+exporter exit status 0
+open the handle of an exited exporter: 400'
+  if [ "$(rc_of "$KEY")" = 0 ] && [ "$(grep -v '^# ' "$RUNS/$KEY.out")" = "$expected" ] && [ ! -s "$RUNS/$KEY.err" ]; then
+    pass "$name"
+  else
+    { explain "$KEY" shim >/dev/null; cat "$RUNS/$KEY.why"; echo "stdout:"; cat "$RUNS/$KEY.out"; } >"$RUNS/$KEY.whyall"
+    fail "$name" "$RUNS/$KEY.whyall"
+  fi
+done
 
 # A forked child reports to files of its own (<path>.<pid>), with its own
 # header; no event is written by both processes. fork.c: the parent's blocks

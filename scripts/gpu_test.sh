@@ -144,6 +144,9 @@ memory_limit|memory_limit||SOMA_MEMORY_LIMIT=4GiB|1|-
 memory_limit@nonblocking|memory_limit|--nonblocking|SOMA_MEMORY_LIMIT=4GiB|1|-
 memory_limit@share|memory_limit||SOMA_MEMORY_LIMIT=5%|1|-
 pitch|pitch|||1|=
+ipc|ipc|||1|-
+ipc_errors|ipc_errors|||1|-
+ipc_lifetime|ipc_lifetime|||1|-
 ipc@passthrough_callers|ipc||SOMA_PASSTHROUGH_CALLERS=ipc|1|-
 capture_modes|capture_modes|||1|=
 capture_modes@barrier|capture_modes||SOMA_FREE_ORDER=barrier|1|-
@@ -164,7 +167,7 @@ EOF
 # The same programs built with the static runtime (all of them) and as
 # driver-API programs (those whose checks are about allocation and ordering).
 # own_context calls no runtime function: its static build is the same program.
-DRIVER_API_TESTS=" memory_limit host_pinned host_race streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork "
+DRIVER_API_TESTS=" memory_limit host_pinned host_race streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork ipc ipc_errors ipc_lifetime "
 while IFS='|' read -r name prog args envs gpus _; do
   case $name in *@* | own_context) continue ;; esac
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"
@@ -390,28 +393,6 @@ if wanted nocuda_python; then
   fi
 fi
 
-# ---- CUDA IPC on pool memory: the shim's message ------------------------------
-if wanted ipc_message; then
-  if built ipc; then
-    LD_PRELOAD="$SHIM" timeout "$T" "$BUILD/ipc" >"$RUNS/ipc_msg.out" 2>"$RUNS/ipc_msg.err"
-    rc=$?
-    logfile "ipc_message stdout" "$RUNS/ipc_msg.out"
-    logfile "ipc_message stderr" "$RUNS/ipc_msg.err"
-    reasons=()
-    grep -q 'cudaIpcGetMemHandle rc=0' "$RUNS/ipc_msg.out" && reasons+=("IPC of pool memory unexpectedly worked")
-    grep -q 'somashim: cudaIpcGetMemHandle' "$RUNS/ipc_msg.err" || reasons+=("no somashim message on stderr")
-    grep -q 'SOMA_PASSTHROUGH_CALLERS=ipc' "$RUNS/ipc_msg.err" || reasons+=("the message does not name SOMA_PASSTHROUGH_CALLERS=ipc")
-    grep -q '1.0 MiB' "$RUNS/ipc_msg.err" || reasons+=("the message does not give the block's size")
-    if [ ${#reasons[@]} -eq 0 ]; then
-      pass ipc_message "$(head -c 160 "$RUNS/ipc_msg.err")"
-    else
-      fail ipc_message "$(IFS=';'; echo "${reasons[*]}")"
-    fi
-  else
-    fail ipc_message "ipc did not build"
-  fi
-fi
-
 # ---- SOMA_STATS and SOMA_TRACE against the pool's own figures -----------------
 if wanted stats_trace; then
   if built streams; then
@@ -569,6 +550,34 @@ if wanted torch_train && "$PY" -c 'import torch; assert torch.cuda.is_available(
   fi
 elif wanted torch_train; then
   skip torch_train "no PyTorch with CUDA"
+fi
+# CUDA tensors (one, and a view at an offset into a bigger one) shared with a
+# spawned child through torch.multiprocessing: the same output natively and
+# under the shim, with the caching allocator on (shared) and off (PyTorch
+# refuses to share; the child must not hang either way: the script times out).
+if wanted torch_ipc && "$PY" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  for caching in on off; do
+    name=torch_ipc@caching_$caching
+    nocache=$([ $caching = off ] && echo 1 || echo 0)
+    PYTORCH_NO_CUDA_MEMORY_CACHING=$nocache timeout "$T" "$PY" c_tests/gpu/torch_ipc.py >"$RUNS/$name.native" 2>"$RUNS/$name.native.err"
+    rn=$?
+    PYTORCH_NO_CUDA_MEMORY_CACHING=$nocache SOMA_STATS="$RUNS/$name.stats" LD_PRELOAD="$SHIM" \
+      timeout "$T" "$PY" c_tests/gpu/torch_ipc.py >"$RUNS/$name.shim" 2>"$RUNS/$name.shim.err"
+    rs=$?
+    pooled=$(awk '/pool allocations/ {s += $3} END {print s + 0}' "$RUNS/$name.stats" 2>/dev/null)
+    logfile "$name native stdout" "$RUNS/$name.native"
+    logfile "$name shim stdout" "$RUNS/$name.shim"
+    logfile "$name shim stderr" "$RUNS/$name.shim.err"
+    # PyTorch's own error names an address, which differs between runs.
+    same=$(diff <(sed -E 's/0x[0-9a-f]+/ADDR/g' "$RUNS/$name.native") <(sed -E 's/0x[0-9a-f]+/ADDR/g' "$RUNS/$name.shim") >/dev/null && echo yes)
+    if [ "$rn" = "$rs" ] && [ "$same" = yes ] && [ "${pooled:-0}" -gt 0 ] && [ "$rn" != 124 ]; then
+      pass "$name" "exit $rs, $(head -n 1 "$RUNS/$name.shim"), $pooled pool allocations"
+    else
+      fail "$name" "native exit $rn, shim exit $rs, same output: ${same:-no}, pool allocations ${pooled:-?}: $(head -n 2 "$RUNS/$name.shim" | tr '\n' ' ')"
+    fi
+  done
+elif wanted torch_ipc; then
+  skip torch_ipc "no PyTorch with CUDA"
 fi
 if wanted torch_import && "$PY" -c 'import torch' 2>/dev/null; then
   # 'import torch' with and without the preload, interleaved; the medians are

@@ -5,7 +5,8 @@
 //!
 //! This file is the manifest: the layers, and every exported symbol. Each
 //! export names the real function once (`real`) and runs the hook through
-//! `guarded`, which runs `real` instead when re-entered or on a panic.
+//! `guarded`, which runs `real` instead when re-entered or on a panic (the
+//! entry-point lookups through `guarded_lookup`, which answers re-entered too).
 //!
 //! Layers, imports only downwards:
 //! - `front`: the front doors (what each hooked call does, the `dlsym` and
@@ -25,10 +26,10 @@ pub use crate::core::config::{Config, VARIABLES};
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use cuda::real::{driver as cu, runtime as rt};
+use cuda::real::{driver as cu, runtime as rt, IpcMemHandle};
 use front::driver_door::{EntryPoint, ALLOC_HOST_FLAGS, INVALID_VALUE, OUT_OF_MEMORY};
+use front::guard::{guarded, guarded_lookup};
 use front::hooks::{Extent, PitchedPtr};
-use front::guard::guarded;
 
 type Handle = *mut c_void;
 
@@ -214,9 +215,9 @@ pub unsafe extern "C" fn cudaDeviceDisablePeerAccess(peer: c_int) -> u32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: Handle, ptr: Handle) -> u32 {
-    let real = || unsafe { rt::cudaIpcGetMemHandle(handle, ptr) };
-    guarded(|| front::hooks::ipc_get_mem_handle(ptr as u64, "cudaIpcGetMemHandle", real), real)
+pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: *mut IpcMemHandle, ptr: Handle) -> u32 {
+    let real = || unsafe { rt::cudaIpcGetMemHandle(handle.cast(), ptr) };
+    guarded(|| unsafe { front::hooks::ipc_get_mem_handle(handle, ptr as u64, real) }, real)
 }
 
 #[no_mangle]
@@ -389,9 +390,31 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> u32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuIpcGetMemHandle(handle: Handle, ptr: u64) -> u32 {
-    let real = || unsafe { cu::cuIpcGetMemHandle(handle, ptr) };
-    guarded(|| front::hooks::ipc_get_mem_handle(ptr, "cuIpcGetMemHandle", real), real)
+pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut IpcMemHandle, ptr: u64) -> u32 {
+    let real = || unsafe { cu::cuIpcGetMemHandle(handle.cast(), ptr) };
+    guarded(|| unsafe { front::hooks::ipc_get_mem_handle(handle, ptr, real) }, real)
+}
+
+// The runtime's cudaIpcOpenMemHandle and cudaIpcCloseMemHandle reach these
+// (through the entry points handed out below), which keeps its error codes
+// and last error the real ones: see front/ipc.rs.
+
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenMemHandle(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> u32 {
+    let real = || unsafe { cu::cuIpcOpenMemHandle(ptr, handle, flags) };
+    guarded(|| unsafe { front::ipc::open_mem_handle(ptr, &handle, flags, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> u32 {
+    let real = || unsafe { cu::cuIpcOpenMemHandle_v2(ptr, handle, flags) };
+    guarded(|| unsafe { front::ipc::open_mem_handle(ptr, &handle, flags, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcCloseMemHandle(ptr: u64) -> u32 {
+    let real = || unsafe { cu::cuIpcCloseMemHandle(ptr) };
+    guarded(|| front::ipc::close_mem_handle(ptr, real), real)
 }
 
 #[no_mangle]
@@ -403,7 +426,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, function: *mut Handle, version: c_int, flags: u64) -> u32 {
     let real = || unsafe { cu::cuGetProcAddress(symbol, function, version, flags) };
-    guarded(|| unsafe { front::driver_door::get_proc_address(symbol, function, &DRIVER_ENTRY_POINTS, real) }, real)
+    guarded_lookup(|| unsafe { front::driver_door::get_proc_address(symbol, function, &DRIVER_ENTRY_POINTS, real) }, real)
 }
 
 #[no_mangle]
@@ -415,7 +438,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     status: *mut c_int,
 ) -> u32 {
     let real = || unsafe { cu::cuGetProcAddress_v2(symbol, function, version, flags, status) };
-    guarded(|| unsafe { front::driver_door::get_proc_address(symbol, function, &DRIVER_ENTRY_POINTS, real) }, real)
+    guarded_lookup(|| unsafe { front::driver_door::get_proc_address(symbol, function, &DRIVER_ENTRY_POINTS, real) }, real)
 }
 
 // ---- the driver entry points handed out --------------------------------------
@@ -423,7 +446,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 /// What `dlsym` and `cuGetProcAddress` answer with the shim's function
 /// instead of the driver's (matched on the driver's own answer, so the
 /// driver picks the variant for each version and per-thread flag).
-static DRIVER_ENTRY_POINTS: [EntryPoint; 26] = [
+static DRIVER_ENTRY_POINTS: [EntryPoint; 29] = [
     EntryPoint(c"cuMemAlloc_v2", cuMemAlloc_v2 as *const ()),
     EntryPoint(c"cuMemAllocPitch_v2", cuMemAllocPitch_v2 as *const ()),
     EntryPoint(c"cuMemFree_v2", cuMemFree_v2 as *const ()),
@@ -448,6 +471,9 @@ static DRIVER_ENTRY_POINTS: [EntryPoint; 26] = [
     EntryPoint(c"cuDevicePrimaryCtxReset_v2", cuDevicePrimaryCtxReset_v2 as *const ()),
     EntryPoint(c"cuMemGetInfo_v2", cuMemGetInfo_v2 as *const ()),
     EntryPoint(c"cuIpcGetMemHandle", cuIpcGetMemHandle as *const ()),
+    EntryPoint(c"cuIpcOpenMemHandle", cuIpcOpenMemHandle as *const ()),
+    EntryPoint(c"cuIpcOpenMemHandle_v2", cuIpcOpenMemHandle_v2 as *const ()),
+    EntryPoint(c"cuIpcCloseMemHandle", cuIpcCloseMemHandle as *const ()),
     EntryPoint(c"cuGetProcAddress", cuGetProcAddress as *const ()),
     EntryPoint(c"cuGetProcAddress_v2", cuGetProcAddress_v2 as *const ()),
 ];

@@ -88,6 +88,8 @@ struct CUmemPoolHandle_st {
   unsigned access[MAXDEV];
   int last_access_device;
   unsigned last_access_flags;
+  int shareable;                /* created with a POSIX file descriptor handle type */
+  int exported;                 /* cuMemPoolExportToShareableHandle has been called */
   struct fblk *free;
 };
 
@@ -1610,8 +1612,110 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
   if (!host && (poolProps->location.id < 0 || poolProps->location.id >= g_ndev)) return CUDA_ERROR_INVALID_DEVICE;
   LOCK();
   *pool = new_pool(host ? -1 : poolProps->location.id, 0);
+  (*pool)->shareable = (poolProps->handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
   CNT(pools_created);
   RET(CUDA_SUCCESS);
+}
+
+/* ---- IPC. The fake's device memory is each process's own heap, so nothing
+ * is really shared: an imported pool is a new pool, an imported pointer a
+ * new block of the exported one's size. What is checked is the protocol:
+ * which calls are made, with what, and the codes they give (the real ones:
+ * docs/FACTS.md, "CUDA IPC"). Legacy IPC handles are refused (1), as the real
+ * driver refuses the handles of pool memory. */
+struct fake_export { char magic[8]; uint64_t base, size; int pid; char pad[36]; };
+
+CUresult cuMemPoolExportToShareableHandle(void *handle, CUmemoryPool pool, CUmemAllocationHandleType type,
+                                          unsigned long long flags) {
+  NEED_INIT();
+  (void)flags;
+  if (!handle || !pool || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  if (!pool->shareable) RET(CUDA_ERROR_INVALID_VALUE);
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) RET(CUDA_ERROR_OUT_OF_MEMORY);
+  *(int *)handle = fd;
+  pool->exported = 1;
+  CNT(pool_exports);
+  RET(CUDA_SUCCESS);
+}
+
+CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr ptr) {
+  NEED_INIT();
+  if (!data) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct alloc *a = find_exact((uintptr_t)ptr);
+  /* Only a block of a pool already exported (as the real driver, it seems:
+   * docs/FACTS.md "CUDA IPC"). */
+  if (!a || a->kind == FAKECUDA_PLAIN || !a->pool || !a->pool->shareable || !a->pool->exported)
+    RET(CUDA_ERROR_INVALID_VALUE);
+  struct fake_export e;
+  memset(&e, 0, sizeof e);
+  memcpy(e.magic, "FAKEEXP", 8);
+  e.base = a->base;
+  e.size = a->size;
+  e.pid = getpid();
+  memcpy(data, &e, sizeof e);
+  CNT(pointer_exports);
+  RET(CUDA_SUCCESS);
+}
+
+CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle, CUmemAllocationHandleType type,
+                                            unsigned long long flags) {
+  NEED_INIT();
+  (void)flags;
+  if (!pool_out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  if (fcntl((int)(intptr_t)handle, F_GETFD) < 0) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  *pool_out = new_pool(0, 0);
+  CNT(pool_imports);
+  RET(CUDA_SUCCESS);
+}
+
+CUresult cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool, CUmemPoolPtrExportData *data) {
+  NEED_INIT();
+  struct fake_export e;
+  if (!ptr_out || !pool || !data) return CUDA_ERROR_INVALID_VALUE;
+  memcpy(&e, data, sizeof e);
+  if (memcmp(e.magic, "FAKEEXP", 8) != 0 || e.pid == getpid()) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = cuMemAllocFromPoolAsync(ptr_out, e.size, pool, CU_STREAM_LEGACY);
+  if (r == CUDA_SUCCESS) r = cuStreamSynchronize(CU_STREAM_LEGACY);
+  if (r == CUDA_SUCCESS) CNT(pointer_imports);
+  return r;
+}
+
+CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr ptr) {
+  NEED_INIT();
+  LOCK();
+  struct alloc *a = find_containing((uintptr_t)ptr);
+  if (!a) RET(CUDA_ERROR_NOT_FOUND);
+  if (base) *base = (CUdeviceptr)a->base;
+  if (size) *size = a->size;
+  RET(CUDA_SUCCESS);
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr) {
+  NEED_INIT();
+  (void)handle;
+  (void)ptr;
+  CNT(legacy_ipc_calls);
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuIpcOpenMemHandle(CUdeviceptr *ptr, CUipcMemHandle handle, unsigned int flags) {
+  NEED_INIT();
+  (void)ptr;
+  (void)handle;
+  (void)flags;
+  CNT(legacy_ipc_calls);
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr ptr) {
+  NEED_INIT();
+  (void)ptr;
+  CNT(legacy_ipc_calls);
+  return CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuMemPoolDestroy(CUmemoryPool pool) {
@@ -1747,6 +1851,9 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuMemFreeHost", cuMemFreeHost),
     PROC("cuMemHostGetFlags", cuMemHostGetFlags),
     PROC("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2),
+    PROC("cuIpcGetMemHandle", cuIpcGetMemHandle),
+    PROC("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2),
+    PROC("cuIpcCloseMemHandle", cuIpcCloseMemHandle),
     PROC("cuGetProcAddress", cuGetProcAddress_v2),
 };
 

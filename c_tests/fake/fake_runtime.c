@@ -64,7 +64,10 @@
   X(cuMemHostAlloc, "cuMemHostAlloc")                           \
   X(cuMemFreeHost, "cuMemFreeHost")                             \
   X(cuMemHostGetFlags, "cuMemHostGetFlags")                     \
-  X(cuMemHostGetDevicePointer_v2, "cuMemHostGetDevicePointer")
+  X(cuMemHostGetDevicePointer_v2, "cuMemHostGetDevicePointer") \
+  X(cuIpcGetMemHandle, "cuIpcGetMemHandle")                     \
+  X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle")                \
+  X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle")
 
 #define DECL(sym, name) static __typeof__(&sym) d_##sym;
 DRIVER_FUNCS(DECL)
@@ -581,4 +584,32 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   cudaError_t e = rt_init();
   if (e) return seterr(e);
   return rterr(d_cuGraphDestroy((CUgraph)graph));
+}
+
+/* ---- IPC: through the driver's entry points, as the real runtime (which
+ * passes the driver's codes on with the same numbers). */
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr) {
+  cudaError_t e = rt_ctx(NULL);
+  if (e) return seterr(e);
+  if (!handle) return seterr(cudaErrorInvalidValue);
+  return rterr(d_cuIpcGetMemHandle((CUipcMemHandle *)handle, (CUdeviceptr)devPtr));
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags) {
+  cudaError_t e = rt_ctx(NULL);
+  if (e) return seterr(e);
+  if (!devPtr) return seterr(cudaErrorInvalidValue);
+  CUipcMemHandle h;
+  memcpy(&h, &handle, sizeof h);
+  CUdeviceptr d = 0;
+  CUresult r = d_cuIpcOpenMemHandle_v2(&d, h, flags);
+  if (r) return rterr(r);
+  *devPtr = (void *)d;
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *devPtr) {
+  cudaError_t e = rt_ctx(NULL);
+  if (e) return seterr(e);
+  return rterr(d_cuIpcCloseMemHandle((CUdeviceptr)devPtr));
 }

@@ -123,6 +123,11 @@ struct fakecuda_counters {
   uint64_t stream_syncs;       /* cuStreamSynchronize */
   uint64_t event_syncs;        /* cuEventSynchronize */
   uint64_t pools_created;      /* cuMemPoolCreate */
+  uint64_t pool_exports;       /* cuMemPoolExportToShareableHandle */
+  uint64_t pointer_exports;    /* cuMemPoolExportPointer */
+  uint64_t pool_imports;       /* cuMemPoolImportFromShareableHandle */
+  uint64_t pointer_imports;    /* cuMemPoolImportPointer */
+  uint64_t legacy_ipc_calls;   /* cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle */
   uint64_t pools_destroyed;    /* cuMemPoolDestroy */
   uint64_t set_access;         /* cuMemPoolSetAccess */
   uint64_t unordered_frees;    /* cuMemFreeAsync of a pool block whose stream

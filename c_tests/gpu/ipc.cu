@@ -1,54 +1,50 @@
-/* CUDA IPC on cudaMalloc memory: the parent allocates and fills a block, gets
- * an IPC handle and starts a child process (itself, "child HEX") that opens
- * the handle and checks the contents. Natively this works. Under the shim the
- * block is pool memory, which IPC cannot share: cudaIpcGetMemHandle fails and
- * the shim says so on stderr; with SOMA_PASSTHROUGH_CALLERS naming this
- * program, the block comes from the real allocator and IPC works again. */
-#include "gpu_common.h"
-#include <sys/wait.h>
-#include <unistd.h>
+/* CUDA IPC in the shape of NVIDIA's simpleIPC sample: the parent allocates a
+ * block with cudaMalloc and exports it with cudaIpcGetMemHandle; several
+ * child processes open the handle (with cudaIpcMemLazyEnablePeerAccess),
+ * each writes its own slice, and closes it; the parent checks every slice.
+ * Under the shim the block is pool memory, shared through the shim's own
+ * handles: the output must be the native one. */
+#include "ipc_common.h"
 
-static int child(const char *hex) {
-  cudaIpcMemHandle_t h;
-  for (size_t i = 0; i < sizeof h; i++) sscanf(hex + 2 * i, "%2hhx", &((unsigned char *)&h)[i]);
+#define CHILDREN 4
+#define SLICE_WORDS (256 * 1024)
+
+static int child(const char *arg) {
+  int index = arg[0] - '0';
+  cudaIpcMemHandle_t h = handle_from_hex(arg + 2);
   void *p = NULL;
-  cudaError_t r = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-  if (r != cudaSuccess) {
-    fprintf(stderr, "child: cudaIpcOpenMemHandle: %s\n", cudaGetErrorString(r));
-    return 1;
-  }
-  static unsigned host[(1 << 20) / 4];
-  CHECK_CUDA(cudaMemcpy(host, p, sizeof host, cudaMemcpyDeviceToHost));
-  size_t bad = count_bad_host(host, sizeof host / 4, 77);
+  CHECK_CUDA(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+  if (!p) return 1;
+  unsigned *slice = (unsigned *)p + (size_t)index * SLICE_WORDS;
+  k_fill<<<grid_for(SLICE_WORDS, 1024), 256>>>(slice, SLICE_WORDS, 100 + index);
+  CHECK_CUDA(cudaDeviceSynchronize());
   CHECK_CUDA(cudaIpcCloseMemHandle(p));
-  return bad == 0 && check_failures == 0 ? 0 : 1;
+  return check_failures == 0 ? 0 : 1;
 }
 
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "child") == 0) return child(argv[2]);
   CHECK_CUDA(cudaFree(NULL));
+  const size_t words = (size_t)CHILDREN * SLICE_WORDS;
   void *p = NULL;
-  CHECK_CUDA(TMALLOC(&p, 1 << 20));
-  k_fill<<<64, 256>>>((unsigned *)p, (1 << 20) / 4, 77);
+  CHECK_CUDA(TMALLOC(&p, words * 4));
+  CHECK_CUDA(cudaMemset(p, 0, words * 4));
   CHECK_CUDA(cudaDeviceSynchronize());
   cudaIpcMemHandle_t h;
-  cudaError_t r = cudaIpcGetMemHandle(&h, p);
-  printf("cudaIpcGetMemHandle rc=%d\n", (int)r);
-  if (r == cudaSuccess) {
-    char hex[2 * sizeof h + 1];
-    for (size_t i = 0; i < sizeof h; i++) sprintf(hex + 2 * i, "%02x", ((unsigned char *)&h)[i]);
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-      execl("/proc/self/exe", argv[0], "child", hex, (char *)NULL);
-      _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    printf("child opened the handle and verified the block: %s\n",
-           WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "yes" : "no");
-  } else {
-    cudaGetLastError();
+  SHOW_RC("cudaIpcGetMemHandle", cudaIpcGetMemHandle(&h, p));
+  char arg[2 + 2 * sizeof h + 1];
+  handle_to_hex(&h, arg + 2);
+  arg[1] = ':';
+  pid_t pids[CHILDREN];
+  for (int i = 0; i < CHILDREN; i++) {
+    arg[0] = (char)('0' + i);
+    pids[i] = start_child(argv[0], "child", arg, -1, -1);
+  }
+  for (int i = 0; i < CHILDREN; i++) printf("child %d exit status %d\n", i, wait_child(pids[i]));
+  static unsigned host[SLICE_WORDS];
+  for (int i = 0; i < CHILDREN; i++) {
+    CHECK_CUDA(cudaMemcpy(host, (unsigned *)p + (size_t)i * SLICE_WORDS, sizeof host, cudaMemcpyDeviceToHost));
+    printf("slice %d written by child %d: %s\n", i, i, count_bad_host(host, SLICE_WORDS, 100 + i) == 0 ? "yes" : "no");
   }
   CHECK_CUDA(cudaFree(p));
   print_pooled();

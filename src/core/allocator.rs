@@ -14,9 +14,10 @@ use std::time::Duration;
 use super::config::{Config, MemInfo, StatsOutput};
 use super::locks::{lock, read, write};
 use super::device::{AllocFailure, Device, FreePath, Wait};
+use super::exports::{Exports, Secret};
 use super::pending::Predecessors;
 use super::reclaimer::{Activity, Reclaimer};
-use crate::cuda::gpu::{Context, Gpu, Event, Stream};
+use crate::cuda::gpu::{Context, Gpu, Event, Pool, Stream};
 use super::output;
 use super::passthrough::Passthrough;
 use super::ptrmap::{Block, Claim, Memory, PointerMap};
@@ -48,6 +49,8 @@ pub struct Allocator {
     has_deferred: AtomicBool,
     /// (owner, accessor): `accessor` enabled peer access to `owner`'s memory.
     peer_grants: Mutex<HashSet<(i32, i32)>>,
+    /// Blocks exported through CUDA IPC, and their importers' leases.
+    exports: Exports,
     /// Joins queued frees and returns passed ones, off the program's threads.
     pub reclaimer: Reclaimer,
 }
@@ -114,7 +117,8 @@ impl From<Passthrough> for Unserved {
 pub enum Freed {
     /// The pool's pointer, freed on `device`.
     Issued { device: i32 },
-    /// The pool's pointer, queued until no capture is in progress.
+    /// The pool's pointer, queued until no capture is in progress, or held
+    /// until the last process that imported it through CUDA IPC lets it go.
     Deferred,
     /// The pool's pointer, already freed and not yet back in the pool.
     DoubleFree,
@@ -145,6 +149,7 @@ impl Allocator {
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
             peer_grants: Mutex::new(HashSet::new()),
+            exports: Exports::default(),
             reclaimer: Reclaimer::default(),
         }
     }
@@ -314,6 +319,13 @@ impl Allocator {
         }
         let block = match self.map.claim_for_free(ptr, memory) {
             Claim::Live(block) => block,
+            Claim::Shared(block) => {
+                if self.exports.freed(ptr, block) {
+                    self.freed(driver, Op::Free, ptr, block);
+                    return Freed::Deferred;
+                }
+                block
+            }
             Claim::Pending => return Freed::DoubleFree,
             Claim::Unknown => return Freed::NotOurs,
             Claim::OtherMemory => return Freed::OtherMemory,
@@ -345,6 +357,34 @@ impl Allocator {
         }
     }
 
+    /// Exports the live pool block at `base` through CUDA IPC: the secret of
+    /// its handle (`new_secret` draws one for a new export) and the block.
+    pub fn export(&self, base: u64, new_secret: impl FnOnce() -> Secret) -> Option<(Secret, Block)> {
+        self.exports.export(&self.map, base, new_secret)
+    }
+
+    /// An importer presents `secret` for `base`: a lease on the live block
+    /// that export named, if it still is one.
+    pub fn lease(&self, base: u64, secret: &Secret) -> Option<Block> {
+        self.exports.lease(&self.map, base, secret)
+    }
+
+    /// A lease on `base` ended: a block the program freed meanwhile is freed
+    /// once its last lease ends (by the next pool call of a program thread,
+    /// as frees deferred during a capture are; no driver call here).
+    pub fn lease_ended(&self, base: u64) {
+        if let Some(block) = self.exports.lease_ended(base) {
+            lock(&self.deferred).push((base, block));
+            self.has_deferred.store(true, Ordering::Release);
+        }
+    }
+
+    /// The pool of device `ordinal` and its context, if the pool can be
+    /// shared with other processes.
+    pub fn shareable_pool(&self, ordinal: i32) -> Option<(Pool, Context)> {
+        let device = self.known_device(ordinal)?;
+        device.shareable_pool().map(|pool| (pool, device.context))
+    }
 
     /// The context of the device whose pool holds the live block `ptr`.
     pub fn context_of(&self, ptr: u64) -> Option<Context> {
@@ -356,7 +396,21 @@ impl Allocator {
     /// calls; true if it succeeded): the map forgets a live block; a pending
     /// one makes this a double free, which `real_free` never sees.
     pub fn forget(&self, driver: Option<&impl Gpu>, ptr: u64, real_free: impl FnOnce() -> bool) -> Freed {
-        match self.map.claim_for_free_async(ptr) {
+        let claim = match self.map.claim_for_free_async(ptr) {
+            Claim::Shared(block) if self.exports.freed(ptr, block) => {
+                // Held for its importers, then freed by the shim, not by `real_free`.
+                if let Some(driver) = driver {
+                    self.freed(driver, Op::FreeAsync, ptr, block);
+                }
+                return Freed::Deferred;
+            }
+            Claim::Shared(block) => {
+                self.map.returned(ptr);
+                Claim::Live(block)
+            }
+            claim => claim,
+        };
+        match claim {
             Claim::Live(block) => {
                 if let Some(driver) = driver {
                     self.freed(driver, Op::FreeAsync, ptr, block);
@@ -369,7 +423,7 @@ impl Allocator {
                 }
                 Freed::Issued { device: block.device }
             }
-            Claim::Pending => Freed::DoubleFree,
+            Claim::Pending | Claim::Shared(_) => Freed::DoubleFree,
             Claim::OtherMemory => Freed::OtherMemory,
             Claim::Unknown => {
                 real_free();

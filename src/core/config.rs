@@ -301,7 +301,7 @@ pub static VARIABLES: &[Variable] = &[
         name: "SOMA_PASSTHROUGH_CALLERS",
         kind: Kind::List,
         default: "",
-        doc: "Allocations called from these libraries go to the real allocator (e.g. for CUDA IPC).",
+        doc: "Allocations called from these libraries go to the real allocator.",
         store: store!(passthrough_callers, List),
     },
     Variable {

@@ -64,6 +64,8 @@ pub struct Device {
     pub context_id: u64,
     pool: Pool,
     owns_pool: bool,
+    /// The pool was made shareable with other processes (CUDA IPC).
+    shareable: bool,
     /// Allocations, and returns of blocks whose work is done; nothing else.
     pool_stream: Stream,
     /// Waits for the work before each batch of frees; its done events pass in order.
@@ -121,12 +123,19 @@ pub enum FreePath {
 
 impl Device {
     /// Sets up the pool of `ordinal` (`host`: its pool of pinned host
-    /// memory), whose primary context is current.
+    /// memory), whose primary context is current. The shim's own device pool
+    /// is created shareable, for CUDA IPC, where the driver allows it.
     pub fn create(driver: &impl Gpu, ordinal: i32, context: Context, config: &Config, host: bool) -> CuResult<Device> {
-        let (pool, owns_pool) = match config.pool {
-            _ if host => (driver.create_host_pool(ordinal)?, true),
-            PoolChoice::Own => (driver.create_pool(ordinal)?, true),
-            PoolChoice::Default => (driver.default_pool(ordinal)?, false),
+        let (pool, owns_pool, shareable) = match config.pool {
+            _ if host => (driver.create_host_pool(ordinal)?, true, false),
+            PoolChoice::Own => match driver.create_shareable_pool(ordinal) {
+                Ok(pool) => (pool, true, true),
+                Err(e) => {
+                    log::info!("device {ordinal}: no shareable pool ({e:?}): CUDA IPC on its blocks passes through");
+                    (driver.create_pool(ordinal)?, true, false)
+                }
+            },
+            PoolChoice::Default => (driver.default_pool(ordinal)?, false, false),
         };
         let total = driver.total_memory(ordinal)?;
         driver.set_release_threshold(pool, config.release_threshold.resolve(total))?;
@@ -143,6 +152,7 @@ impl Device {
             context_id: driver.context_id(context)?,
             pool,
             owns_pool,
+            shareable,
             pool_stream: driver.create_nonblocking_stream()?,
             join_stream: driver.create_nonblocking_stream()?,
             // Until a free has seen the streams, allocations stay off the legacy stream.
@@ -157,6 +167,11 @@ impl Device {
             pending: PendingFrees::default(),
             legacy_reuse: RwLock::new(()),
         })
+    }
+
+    /// The pool, if other processes may import it (CUDA IPC).
+    pub fn shareable_pool(&self) -> Option<Pool> {
+        self.shareable.then_some(self.pool)
     }
 
     /// A block of `size` bytes whose earlier work has passed, without a driver call.

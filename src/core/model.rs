@@ -579,6 +579,10 @@ impl Gpu for SimGpu {
         Ok(Pool(handle as *mut c_void))
     }
 
+    fn create_shareable_pool(&self, device: i32) -> CuResult<Pool> {
+        self.create_pool(device)
+    }
+
     fn default_pool(&self, device: i32) -> CuResult<Pool> {
         self.create_pool(device)
     }

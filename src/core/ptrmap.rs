@@ -48,6 +48,8 @@ impl Memory {
 struct Slot {
     block: Block,
     pending: bool,
+    /// Exported through CUDA IPC: its free must ask the export table first.
+    shared: bool,
 }
 
 /// What a free of a pointer finds.
@@ -55,6 +57,9 @@ struct Slot {
 pub enum Claim {
     /// A live block of the pool's, now the caller's to free.
     Live(Block),
+    /// A live block exported through CUDA IPC, now pending: the export
+    /// table decides whether it is freed or held for its importers.
+    Shared(Block),
     /// Already freed, not yet back in the pool: a double free.
     Pending,
     /// Not the pool's.
@@ -99,7 +104,7 @@ impl PointerMap {
     /// means the map went stale; the new block wins and the old one is returned.
     pub fn insert(&self, ptr: u64, block: Block) -> Option<Block> {
         self.note_host_range(ptr, block);
-        self.slots.insert(ptr, Slot { block, pending: false }).map(|old| old.block)
+        self.slots.insert(ptr, Slot { block, pending: false, shared: false }).map(|old| old.block)
     }
 
     fn note_host_range(&self, ptr: u64, block: Block) {
@@ -122,7 +127,7 @@ impl PointerMap {
     /// False if `ptr` was not pending: the map was stale, and now has `block`.
     pub fn reissue(&self, ptr: u64, block: Block) -> bool {
         self.note_host_range(ptr, block);
-        let old = self.slots.insert(ptr, Slot { block, pending: false });
+        let old = self.slots.insert(ptr, Slot { block, pending: false, shared: false });
         old.is_some_and(|slot| slot.pending)
     }
 
@@ -138,7 +143,11 @@ impl PointerMap {
                 if slot.block.memory.is_host() {
                     lock(&self.host_ranges).remove(&ptr);
                 }
-                Claim::Live(slot.block)
+                if slot.shared {
+                    Claim::Shared(slot.block)
+                } else {
+                    Claim::Live(slot.block)
+                }
             }
         }
     }
@@ -156,6 +165,11 @@ impl PointerMap {
             Entry::Vacant(_) => Claim::Unknown,
             Entry::Occupied(slot) if slot.get().block.memory.is_host() => Claim::OtherMemory,
             Entry::Occupied(slot) if slot.get().pending => Claim::Pending,
+            Entry::Occupied(mut slot) if slot.get().shared => {
+                // Stays, pending, until the export table has decided.
+                slot.get_mut().pending = true;
+                Claim::Shared(slot.get().block)
+            }
             Entry::Occupied(slot) => Claim::Live(slot.remove().block),
         }
     }
@@ -163,6 +177,20 @@ impl PointerMap {
     /// The block at `ptr`, if it is a live one of the pool's.
     pub fn live_block(&self, ptr: u64) -> Option<Block> {
         self.slots.get(&ptr).filter(|slot| !slot.pending).map(|slot| slot.block)
+    }
+
+    /// Marks the live block at `ptr` as exported through CUDA IPC. Returns
+    /// the block and whether it was marked before (by an earlier export of
+    /// this allocation), or None if `ptr` is not a live block.
+    pub fn share(&self, ptr: u64) -> Option<(Block, bool)> {
+        let mut slot = self.slots.get_mut(&ptr).filter(|slot| !slot.pending)?;
+        let before = std::mem::replace(&mut slot.shared, true);
+        Some((slot.block, before))
+    }
+
+    /// The live block at `ptr`, if it is one exported through CUDA IPC.
+    pub fn live_shared_block(&self, ptr: u64) -> Option<Block> {
+        self.slots.get(&ptr).filter(|slot| !slot.pending && slot.shared).map(|slot| slot.block)
     }
 
     #[cfg(test)]
@@ -272,6 +300,23 @@ mod tests {
         assert_eq!(map.claim_for_free_async(0x1000), Claim::Live(B));
         assert_eq!(map.claim_for_free_async(0x1000), Claim::Unknown);
         assert_eq!(map.len(), 0);
+    }
+
+    #[test]
+    fn a_shared_block_is_claimed_as_shared_and_stays_pending() {
+        let map = PointerMap::default();
+        map.insert(0x1000, B);
+        assert_eq!(map.live_shared_block(0x1000), None);
+        assert_eq!(map.share(0x1000), Some((B, false)));
+        assert_eq!(map.share(0x1000), Some((B, true)), "a second export finds it shared");
+        assert_eq!(map.live_shared_block(0x1000), Some(B));
+        assert_eq!(map.claim_for_free_async(0x1000), Claim::Shared(B));
+        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Pending, "held: a double free");
+        assert_eq!(map.share(0x1000), None, "a pending block cannot be exported");
+        map.returned(0x1000);
+        map.insert(0x1000, B);
+        assert_eq!(map.live_shared_block(0x1000), None, "a new block at the address is not shared");
+        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Live(B));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! links the runtime dynamically or statically.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys::{
     CUdevice_attribute, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType,
@@ -209,16 +210,13 @@ impl Gpu for Driver {
 
     /// A pool of device memory on `device`, private to the shim.
     fn create_pool(&self, device: i32) -> CuResult<Pool> {
-        // SAFETY: all-zero is a valid CUmemPoolProps (every enum has a 0 value,
-        // the pointer is null); the fields that matter are set below.
-        let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
-        props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
-        props.location = device_location(device);
-        let mut pool: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `props` is a complete description; one out-pointer to a local.
-        check(unsafe { cu::cuMemPoolCreate(&mut pool, (&props as *const CUmemPoolProps).cast()) })?;
-        Ok(Pool(pool))
+        create_pool_with(device, CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE)
+    }
+
+    /// Shareable through a POSIX file descriptor (measured to cost the same
+    /// per allocation as a private pool: docs/FACTS.md, "CUDA IPC").
+    fn create_shareable_pool(&self, device: i32) -> CuResult<Pool> {
+        create_pool_with(device, POSIX_FILE_DESCRIPTOR)
     }
 
     fn default_pool(&self, device: i32) -> CuResult<Pool> {
@@ -324,6 +322,83 @@ impl Gpu for Driver {
         // SAFETY: `ptr` came from a pool of this driver and is freed once
         // (the pointer map hands each pointer out for freeing once).
         check(unsafe { cu::cuMemFreeAsync(ptr, stream.0) })
+    }
+}
+
+/// The shareable-handle type of the shim's pools.
+const POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+fn create_pool_with(device: i32, handle_types: CUmemAllocationHandleType) -> CuResult<Pool> {
+    // SAFETY: all-zero is a valid CUmemPoolProps (every enum has a 0 value,
+    // the pointer is null); the fields that matter are set below.
+    let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = handle_types;
+    props.location = device_location(device);
+    let mut pool: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `props` is a complete description; one out-pointer to a local.
+    check(unsafe { cu::cuMemPoolCreate(&mut pool, (&props as *const CUmemPoolProps).cast()) })?;
+    Ok(Pool(pool))
+}
+
+/// The 64 bytes of `CUmemPoolPtrExportData`.
+pub type PointerExport = [u8; 64];
+
+/// CUDA IPC on pool memory, for the IPC front door (not the core's: the
+/// allocator never needs them).
+impl Driver {
+    /// A new file descriptor through which another process imports `pool`.
+    pub fn export_pool(&self, pool: Pool) -> CuResult<OwnedFd> {
+        let mut fd: c_int = -1;
+        // SAFETY: for a POSIX file descriptor the handle is an int, written to a local.
+        check(unsafe {
+            cu::cuMemPoolExportToShareableHandle((&mut fd as *mut c_int).cast(), pool.0, POSIX_FILE_DESCRIPTOR.0 as c_int, 0)
+        })?;
+        // SAFETY: the driver made a new descriptor, now ours to close.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// What an importer of the block's pool needs to map the block at `ptr`
+    /// (its base address). The block's context must be current, and its pool
+    /// exported already (`export_pool`).
+    pub fn export_pointer(&self, ptr: u64) -> CuResult<PointerExport> {
+        let mut data: PointerExport = [0; 64];
+        // SAFETY: the export data is 64 bytes, written to a local.
+        check(unsafe { cu::cuMemPoolExportPointer(data.as_mut_ptr().cast(), ptr) })?;
+        Ok(data)
+    }
+
+    /// The pool another process exported as `fd` (the driver gives the same
+    /// pool for every import of one pool). The descriptor stays the caller's.
+    pub fn import_pool(&self, fd: BorrowedFd) -> CuResult<Pool> {
+        let mut pool: *mut c_void = std::ptr::null_mut();
+        // SAFETY: for a POSIX file descriptor the handle is the int itself.
+        check(unsafe {
+            cu::cuMemPoolImportFromShareableHandle(
+                &mut pool,
+                fd.as_raw_fd() as usize as *mut c_void,
+                POSIX_FILE_DESCRIPTOR.0 as c_int,
+                0,
+            )
+        })?;
+        Ok(Pool(pool))
+    }
+
+    /// Maps the block that `data` names, from an imported pool. Freed with
+    /// `free_now` (the exporter's block stays allocated).
+    pub fn import_pointer(&self, pool: Pool, data: &PointerExport) -> CuResult<u64> {
+        let mut ptr: u64 = 0;
+        // SAFETY: `data` is 64 bytes of export data; one out-pointer to a local.
+        check(unsafe { cu::cuMemPoolImportPointer(&mut ptr, pool.0, data.as_ptr().cast()) })?;
+        Ok(ptr)
+    }
+
+    /// The base address of the allocation that holds `ptr`.
+    pub fn allocation_base(&self, ptr: u64) -> CuResult<u64> {
+        let (mut base, mut size): (u64, usize) = (0, 0);
+        // SAFETY: two out-pointers to locals; any address may be asked about.
+        check(unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) })?;
+        Ok(base)
     }
 }
 

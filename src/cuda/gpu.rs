@@ -98,6 +98,9 @@ pub trait Gpu {
 
     /// A pool of device memory on `device`, private to the shim.
     fn create_pool(&self, device: i32) -> CuResult<Pool>;
+    /// `create_pool`, but other processes may import the pool (its blocks
+    /// can be shared through CUDA IPC).
+    fn create_shareable_pool(&self, device: i32) -> CuResult<Pool>;
     fn default_pool(&self, device: i32) -> CuResult<Pool>;
     /// A pool of pinned host memory, private to the shim, that kernels on
     /// `device` may read and write (a host pool grants no device access by

@@ -17,6 +17,11 @@ pub const SUCCESS: u32 = 0;
 /// program's CUDA lacks the function (an older version).
 const NOT_SUPPORTED: u32 = 801;
 
+/// `CUipcMemHandle` and `cudaIpcMemHandle_t`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcMemHandle(pub [u8; 64]);
+
 /// The real `dlsym`, resolved when the shim is loaded (the exported `dlsym`
 /// jumps to it, PC-relative, for every name the shim does not serve).
 pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
@@ -234,6 +239,11 @@ pub mod driver {
         cuMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize);
         cuMemPoolTrimTo(pool: *mut c_void, keep: usize);
         cuMemAllocFromPoolAsync(ptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void);
+        cuMemPoolExportToShareableHandle(handle: *mut c_void, pool: *mut c_void, handle_type: c_int, flags: u64);
+        cuMemPoolExportPointer(data: *mut c_void, ptr: u64);
+        cuMemPoolImportFromShareableHandle(pool: *mut *mut c_void, handle: *mut c_void, handle_type: c_int, flags: u64);
+        cuMemPoolImportPointer(ptr: *mut u64, pool: *mut c_void, data: *const c_void);
+        cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64);
         // Wrapped by the driver door (and some used by the core too).
         cuMemAlloc_v2(ptr: *mut u64, size: usize);
         cuMemAllocPitch_v2(ptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint);
@@ -273,6 +283,9 @@ pub mod driver {
         cuDevicePrimaryCtxReset_v2(device: c_int);
         cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
         cuIpcGetMemHandle(handle: *mut c_void, ptr: u64);
+        cuIpcOpenMemHandle(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint);
+        cuIpcOpenMemHandle_v2(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint);
+        cuIpcCloseMemHandle(ptr: u64);
         cuGetProcAddress(symbol: *const c_char, function: *mut *mut c_void, version: c_int, flags: u64);
         cuGetProcAddress_v2(
             symbol: *const c_char,

@@ -34,6 +34,20 @@ pub fn guarded<R>(hook: impl FnOnce() -> R, real: impl FnOnce() -> R) -> R {
     }
 }
 
+/// Runs `hook` even inside another hook, or `real` when it panics: for the
+/// entry-point lookups (`cuGetProcAddress`), which call nothing the shim
+/// hooks and must answer alike wherever they are asked. A runtime that
+/// initialises inside one of the shim's hooks (its first call a hooked
+/// `cudaFree(NULL)` or `cudaMalloc`) resolves every driver entry point then,
+/// once; a re-entrant lookup answered by the real function would leave it
+/// without the shim's driver functions for the life of the process.
+pub fn guarded_lookup<R>(hook: impl FnOnce() -> R, real: impl FnOnce() -> R) -> R {
+    catch_unwind(AssertUnwindSafe(hook)).unwrap_or_else(|_| {
+        log::error!("internal error in an entry-point lookup (panic caught); using the real function");
+        real()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,6 +57,12 @@ mod tests {
         let outer = guarded(|| guarded(|| "hook", || "real (nested)"), || "real");
         assert_eq!(outer, "real (nested)");
         assert_eq!(guarded(|| "hook", || "real"), "hook", "the flag is cleared after a call");
+    }
+
+    #[test]
+    fn a_lookup_answers_inside_a_hook_too() {
+        assert_eq!(guarded(|| guarded_lookup(|| "lookup", || "real"), || "real"), "lookup");
+        assert_eq!(guarded_lookup(|| -> u32 { panic!("bug") }, || 7), 7);
     }
 
     #[test]

@@ -12,16 +12,17 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, Once, OnceLock};
 use std::time::Instant;
 
-use super::caller::{self, CallerFilter};
+use super::caller::CallerFilter;
 use crate::core::allocator::{Allocator, Freed, Unserved};
 use crate::core::config::{Config, StatsOutput};
 use crate::core::passthrough::Passthrough;
 use crate::core::ptrmap::Memory;
 use crate::core::reclaimer::ForkPause;
-use crate::core::stats::{self, Timing};
+use crate::core::stats::Timing;
 use crate::cuda::driver::{self, Driver};
 use crate::cuda::gpu::{Context, Gpu, Stream};
-use crate::cuda::real::SUCCESS;
+use crate::cuda::real::{IpcMemHandle, SUCCESS};
+use super::ipc;
 
 /// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
 pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPtr};
@@ -96,6 +97,7 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let allocator = allocator();
         allocator.reclaimer.stop();
+        ipc::stop_server();
         if allocator.reporting() {
             allocator.report(driver::loaded());
         }
@@ -129,6 +131,7 @@ extern "C" fn after_fork_in_child() {
             pause.in_child(&allocator.reclaimer);
         }
         allocator.after_fork();
+        ipc::after_fork_in_child();
     });
 }
 
@@ -648,20 +651,9 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize, real: impl FnOnc
     rc
 }
 
-/// `cudaIpcGetMemHandle`/`cuIpcGetMemHandle`: pool memory cannot be shared by
-/// CUDA IPC, and the real call refuses it. The shim says why, and how to give
-/// the allocating library the real allocator; the real call then answers.
-pub fn ipc_get_mem_handle(ptr: u64, function: &str, real: impl FnOnce() -> u32) -> u32 {
-    let allocator = allocator();
-    if let Some(block) = allocator.live_block(ptr) {
-        let library = caller::object_of(block.caller).unwrap_or_else(|| "an unknown library".into());
-        let name = library.rsplit('/').next().unwrap_or(&library).split('.').next().unwrap_or("").to_string();
-        eprintln!(
-            "somashim: {function}({ptr:#x}): this {} block comes from the shim's memory pool \
-             (allocated from {library}), which CUDA IPC cannot share; run with \
-             SOMA_PASSTHROUGH_CALLERS={name} to give that library the real allocator",
-            stats::human_bytes(block.size)
-        );
-    }
-    real()
+/// `cudaIpcGetMemHandle`/`cuIpcGetMemHandle` (see `ipc`).
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn ipc_get_mem_handle(out: *mut IpcMemHandle, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
+    // SAFETY: as this function's contract.
+    unsafe { ipc::get_mem_handle(allocator(), out, ptr, real) }
 }

@@ -8,4 +8,5 @@ pub mod dlsym;
 pub mod driver_door;
 pub mod guard;
 pub mod hooks;
+pub mod ipc;
 pub mod runtime_door;

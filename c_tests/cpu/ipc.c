@@ -1,0 +1,172 @@
+/* CUDA IPC of pool memory on the test double, under the shim (the double has
+ * no legacy IPC: natively every IPC call refuses, so this runs under the shim
+ * only). The protocol between two shims and the codes they give: a handle of
+ * the shim's, the same for an interior pointer; 201 in the exporting process;
+ * in a child (fork+exec): an invalid flag, open, a second open (the same
+ * address), closes (one too many refused), a forged and an all-zero handle;
+ * a held block: freed by the exporter while the child has it open, it is not
+ * handed out again, and the shim frees it once the child has closed it; the
+ * handle of a freed block; the handle of an exporter that has exited. */
+#include "common.h"
+
+#include <sys/wait.h>
+
+static void to_hex(const cudaIpcMemHandle_t *h, char *hex) {
+  for (size_t i = 0; i < sizeof *h; i++) sprintf(hex + 2 * i, "%02x", ((const unsigned char *)h)[i]);
+}
+
+static cudaIpcMemHandle_t from_hex(const char *hex) {
+  cudaIpcMemHandle_t h;
+  for (size_t i = 0; i < sizeof h; i++) sscanf(hex + 2 * i, "%2hhx", &((unsigned char *)&h)[i]);
+  return h;
+}
+
+static pid_t start(const char *role, const char *arg, int in, int out) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (in >= 0) dup2(in, 0);
+    if (out >= 0) dup2(out, 1);
+    execl("/proc/self/exe", "ipc", role, arg, (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+static int finish(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+#define EXPECT(call, code) CHECK((int)(call) == (code))
+
+/* Opens, checks the codes, holds the block until told, then closes it. */
+static int importer(const char *hex) {
+  cudaIpcMemHandle_t h = from_hex(hex);
+  void *p = NULL, *q = NULL;
+  EXPECT(cudaIpcOpenMemHandle(&p, h, 2), 1);
+  EXPECT(cudaGetLastError(), 1);
+  EXPECT(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), 0);
+  EXPECT(cudaIpcOpenMemHandle(&q, h, cudaIpcMemLazyEnablePeerAccess), 0);
+  CHECK(p != NULL && p == q);
+  cudaIpcMemHandle_t forged = h;
+  for (size_t i = 16; i < sizeof forged; i++) forged.reserved[i] ^= 0x5a;
+  void *r = (void *)0x1;
+  EXPECT(cudaIpcOpenMemHandle(&r, forged, 0), 1);
+  CHECK(r == (void *)0x1);
+  memset(&forged, 0, sizeof forged);
+  EXPECT(cudaIpcOpenMemHandle(&r, forged, 0), 1);
+  EXPECT(cudaIpcCloseMemHandle(p), 0);
+  char byte = 'o';
+  CHECK(write(1, &byte, 1) == 1);
+  CHECK(read(0, &byte, 1) == 1); /* the exporter has freed its block */
+  EXPECT(cudaIpcCloseMemHandle(q), 0);
+  EXPECT(cudaIpcCloseMemHandle(q), 1);
+  EXPECT(cudaIpcCloseMemHandle((void *)0x1000), 1);
+  return check_failures ? 1 : 0;
+}
+
+static int opener(const char *hex) {
+  void *p = (void *)0x1;
+  int rc = cudaIpcOpenMemHandle(&p, from_hex(hex), 0);
+  printf("%d\n", rc);
+  return 0;
+}
+
+static int exiting_exporter(void) {
+  void *p = NULL;
+  CHECK_CUDA(cudaMalloc(&p, MiB));
+  cudaIpcMemHandle_t h;
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, p));
+  char hex[129];
+  to_hex(&h, hex);
+  printf("%s\n", hex);
+  return check_failures ? 1 : 0;
+}
+
+/* The code a child gets opening `hex` (it prints it). */
+static int open_in_child(const char *hex) {
+  int out[2];
+  CHECK(pipe(out) == 0);
+  pid_t pid = start("opener", hex, -1, out[1]);
+  close(out[1]);
+  char line[16] = {0};
+  CHECK(read(out[0], line, sizeof line - 1) > 0);
+  close(out[0]);
+  CHECK(finish(pid) == 0);
+  return atoi(line);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "importer") == 0) return importer(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "opener") == 0) return opener(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "exporter") == 0) return exiting_exporter();
+  under_shim();
+  void *p = NULL;
+  CHECK_CUDA(cudaMalloc(&p, MiB));
+  cudaIpcMemHandle_t h, interior;
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, p));
+  CHECK_CUDA(cudaIpcGetMemHandle(&interior, (char *)p + 4096));
+  CHECK(memcmp(&h, &interior, sizeof h) == 0);
+  void *self = (void *)0x1;
+  EXPECT(cudaIpcOpenMemHandle(&self, h, 0), 201);
+  EXPECT(cudaGetLastError(), 201);
+  CHECK(self == (void *)0x1);
+
+  char hex[129];
+  to_hex(&h, hex);
+  int to_child[2], from_child[2];
+  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+  pid_t pid = start("importer", hex, to_child[0], from_child[1]);
+  close(to_child[0]);
+  close(from_child[1]);
+  char byte = 0;
+  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  CHECK_CUDA(cudaFree(p));
+  EXPECT(cudaFree(p), 1); /* held: still a double free */
+  cudaGetLastError();
+  struct fakecuda_ptr_info info;
+  int reused = 0;
+  void *others[8];
+  for (int i = 0; i < 8; i++) {
+    CHECK_CUDA(cudaMalloc(&others[i], MiB));
+    reused |= others[i] == p;
+  }
+  CHECK(!reused);
+  CHECK(fakecuda_ptr_info(p, &info) == 1); /* still allocated in its pool */
+  printf("held while the importer has it open: %s\n", !reused && fakecuda_ptr_info(p, &info) ? "yes" : "no");
+  CHECK(write(to_child[1], "g", 1) == 1);
+  printf("importer exit status %d\n", finish(pid));
+  for (int i = 0; i < 8; i++) CHECK_CUDA(cudaFree(others[i]));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  void *next = NULL;
+  CHECK_CUDA(cudaMalloc(&next, MiB)); /* issues the free the lease held back */
+  CHECK_CUDA(cudaDeviceSynchronize());
+  int live = fakecuda_ptr_info(p, &info) && info.base == (uintptr_t)p;
+  printf("freed once the importer closed it: %s\n", !live || next == p ? "yes" : "no");
+  CHECK(!live || next == p);
+  CHECK_CUDA(cudaFree(next));
+
+  void *freed = NULL;
+  CHECK_CUDA(cudaMalloc(&freed, 3 * MiB));
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, freed));
+  CHECK_CUDA(cudaFree(freed));
+  to_hex(&h, hex);
+  printf("open the handle of a freed block: %d\n", open_in_child(hex));
+
+  int out[2];
+  CHECK(pipe(out) == 0);
+  pid = start("exporter", "-", -1, out[1]);
+  close(out[1]);
+  char line[130] = {0};
+  size_t got = 0;
+  ssize_t n;
+  while (got < 128 && (n = read(out[0], line + got, 128 - got)) > 0) got += (size_t)n;
+  close(out[0]);
+  printf("exporter exit status %d\n", finish(pid));
+  void *gone = NULL;
+  printf("open the handle of an exited exporter: %d\n", (int)cudaIpcOpenMemHandle(&gone, from_hex(line), 0));
+  cudaGetLastError();
+  return report();
+}

@@ -1,0 +1,186 @@
+//! Pool blocks shared with other processes through CUDA IPC. No FFI here.
+//!
+//! `cudaIpcGetMemHandle` on a pool block gives a handle of the shim's own
+//! format ([`IpcHandle`]): it names the exporting process's IPC endpoint, the
+//! block's address, and a secret drawn for the export. An importer that
+//! presents it gets a *lease* on the block (its connection to the exporter);
+//! a block the program frees while leased is held back from reuse until the
+//! last lease ends, since the importers still map it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::locks::lock;
+use super::ptrmap::{Block, PointerMap};
+
+/// The unguessable part of a handle.
+pub type Secret = [u8; 32];
+
+/// The first bytes of every handle of the shim's: not a valid handle of the
+/// real driver's (measured: the real `cuIpcOpenMemHandle` refuses such bytes
+/// with `CUDA_ERROR_INVALID_VALUE`).
+const MAGIC: [u8; 8] = *b"SOMASHIM";
+const VERSION: u32 = 1;
+
+/// The 64 bytes of `cudaIpcMemHandle_t`, as the shim fills them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcHandle {
+    /// The exporting process.
+    pub pid: u32,
+    /// The exporter's endpoint, drawn when its IPC server started.
+    pub endpoint: u64,
+    /// The exported allocation's base address, in the exporter.
+    pub base: u64,
+    pub secret: Secret,
+}
+
+impl IpcHandle {
+    pub fn encode(&self) -> [u8; 64] {
+        let mut bytes = [0u8; 64];
+        bytes[0..8].copy_from_slice(&MAGIC);
+        bytes[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        bytes[12..16].copy_from_slice(&self.pid.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.endpoint.to_le_bytes());
+        bytes[24..32].copy_from_slice(&self.base.to_le_bytes());
+        bytes[32..64].copy_from_slice(&self.secret);
+        bytes
+    }
+
+    /// The handle, if `bytes` are one of the shim's (any other bytes are
+    /// the real driver's to judge).
+    pub fn decode(bytes: &[u8; 64]) -> Option<IpcHandle> {
+        if bytes[0..8] != MAGIC || u32::from_le_bytes(bytes[8..12].try_into().ok()?) != VERSION {
+            return None;
+        }
+        Some(IpcHandle {
+            pid: u32::from_le_bytes(bytes[12..16].try_into().ok()?),
+            endpoint: u64::from_le_bytes(bytes[16..24].try_into().ok()?),
+            base: u64::from_le_bytes(bytes[24..32].try_into().ok()?),
+            secret: bytes[32..64].try_into().ok()?,
+        })
+    }
+}
+
+/// The exported blocks of this process, by base address.
+#[derive(Default)]
+pub struct Exports {
+    table: Mutex<HashMap<u64, Export>>,
+}
+
+struct Export {
+    secret: Secret,
+    leases: u32,
+    /// Freed by the program while leased: freed for real after the last lease.
+    held: Option<Block>,
+}
+
+impl Exports {
+    /// Exports the live block at `base`: the secret of its handle (the same
+    /// for every export of one allocation, as the real handle is), and the
+    /// block; None if `base` is not a live block of the pool's.
+    pub fn export(&self, map: &PointerMap, base: u64, new_secret: impl FnOnce() -> Secret) -> Option<(Secret, Block)> {
+        let mut table = lock(&self.table);
+        let (block, shared_before) = map.share(base)?;
+        let secret = match table.get(&base) {
+            Some(export) if shared_before => export.secret,
+            // A new allocation at this address: a handle of an earlier one must not open it.
+            _ => {
+                let secret = new_secret();
+                table.insert(base, Export { secret, leases: 0, held: None });
+                secret
+            }
+        };
+        Some((secret, block))
+    }
+
+    /// An importer presents `secret` for `base`: a lease on the block if it
+    /// is the live allocation that export named.
+    pub fn lease(&self, map: &PointerMap, base: u64, secret: &Secret) -> Option<Block> {
+        let mut table = lock(&self.table);
+        let export = table.get_mut(&base).filter(|export| export.held.is_none() && export.secret == *secret)?;
+        // Checked under the table's lock: a free marks the block pending
+        // before it takes the lock, so it either sees this lease or it is seen.
+        let block = map.live_shared_block(base)?;
+        export.leases += 1;
+        Some(block)
+    }
+
+    /// The program freed the exported block at `base` (pending in the map):
+    /// true if importers hold it, and it is kept out of the pool until the
+    /// last lease ends; false if it may be freed now (the export is over).
+    pub fn freed(&self, base: u64, block: Block) -> bool {
+        let mut table = lock(&self.table);
+        match table.get_mut(&base) {
+            Some(export) if export.leases > 0 => {
+                export.held = Some(block);
+                true
+            }
+            _ => {
+                table.remove(&base);
+                false
+            }
+        }
+    }
+
+    /// A lease on `base` ended: the block to free now, if the program freed
+    /// it while leased and this was its last lease.
+    pub fn lease_ended(&self, base: u64) -> Option<Block> {
+        let mut table = lock(&self.table);
+        let export = table.get_mut(&base)?;
+        export.leases = export.leases.saturating_sub(1);
+        if export.leases > 0 || export.held.is_none() {
+            return None;
+        }
+        table.remove(&base).and_then(|export| export.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const B: Block = Block { device: 0, size: 4096, caller: 0, memory: crate::core::ptrmap::Memory::Device };
+
+    #[test]
+    fn a_handle_survives_its_bytes_and_other_bytes_are_not_one() {
+        let handle = IpcHandle { pid: 42, endpoint: 0x0123_4567_89ab_cdef, base: 0x7f00_0000_0000, secret: [7; 32] };
+        let bytes = handle.encode();
+        assert_eq!(IpcHandle::decode(&bytes), Some(handle));
+        assert_eq!(IpcHandle::decode(&[0; 64]), None);
+        let mut other_version = bytes;
+        other_version[8] = 2;
+        assert_eq!(IpcHandle::decode(&other_version), None);
+    }
+
+    #[test]
+    fn exports_of_one_allocation_share_a_secret_and_a_new_allocation_gets_another() {
+        let (map, exports) = (PointerMap::default(), Exports::default());
+        map.insert(0x1000, B);
+        let (first, _) = exports.export(&map, 0x1000, || [1; 32]).unwrap();
+        let (again, _) = exports.export(&map, 0x1000, || [2; 32]).unwrap();
+        assert_eq!((first, again), ([1; 32], [1; 32]));
+        assert!(!exports.freed(0x1000, B), "no lease: freed at once");
+        map.returned(0x1000);
+        map.insert(0x1000, B);
+        assert_eq!(exports.lease(&map, 0x1000, &[1; 32]), None, "a stale handle opens nothing");
+        let (new, _) = exports.export(&map, 0x1000, || [3; 32]).unwrap();
+        assert_eq!(new, [3; 32]);
+        assert_eq!(exports.export(&map, 0x2000, || [4; 32]), None, "not a pool block");
+    }
+
+    #[test]
+    fn a_leased_block_is_held_until_its_last_lease_ends() {
+        let (map, exports) = (PointerMap::default(), Exports::default());
+        map.insert(0x1000, B);
+        let (secret, _) = exports.export(&map, 0x1000, || [9; 32]).unwrap();
+        assert_eq!(exports.lease(&map, 0x1000, &[8; 32]), None, "a forged secret");
+        assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
+        assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
+        assert_eq!(exports.lease_ended(0x1000), None, "not freed: nothing to do");
+        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::Memory::Device), crate::core::ptrmap::Claim::Shared(B));
+        assert!(exports.freed(0x1000, B), "leased: held");
+        assert_eq!(exports.lease(&map, 0x1000, &secret), None, "freed: no new lease");
+        assert_eq!(exports.lease_ended(0x1000), Some(B), "the last lease frees it");
+        assert_eq!(exports.lease_ended(0x1000), None);
+    }
+}

@@ -1,0 +1,510 @@
+//! CUDA IPC on pool memory, between two processes under the shim.
+//!
+//! Export (`cuIpcGetMemHandle`, `cudaIpcGetMemHandle`): for a pool block the
+//! handle is the shim's (`core::exports::IpcHandle`): the exporter's pid and
+//! endpoint, the block's base address and a secret; never the pool's file
+//! descriptor. The first export starts this process's IPC server: one thread
+//! listening on a Unix socket in a directory only this user can enter.
+//!
+//! Import (`cuIpcOpenMemHandle`): the importer connects to the exporter's
+//! socket and presents the handle; the server checks the peer's user and the
+//! secret, takes a lease on the block and answers with the pool's shareable
+//! file descriptor (`SCM_RIGHTS`) and the block's export data; the importer
+//! imports the pool and the pointer. The connection stays open as the lease:
+//! the close (`cuIpcCloseMemHandle`), or the importer's exit, ends it.
+//!
+//! The runtime's `cudaIpcOpenMemHandle` and `cudaIpcCloseMemHandle` reach
+//! these through the driver entry points the shim hands out (shared and
+//! static runtime alike), so the runtime turns the driver's codes into its
+//! own and keeps its last error as it does natively. Any handle that is not
+//! the shim's, and any shim handle the shim cannot open, goes to the real
+//! call, which refuses the shim's bytes as an invalid value.
+
+use std::collections::HashMap;
+use std::ffi::c_uint;
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::core::allocator::Allocator;
+use crate::core::exports::{IpcHandle, Secret};
+use crate::core::locks::{lock, try_lock};
+use crate::cuda::driver::{self, PointerExport};
+use crate::cuda::gpu::{Gpu, Pool};
+use crate::cuda::real::{IpcMemHandle, SUCCESS};
+
+/// `CUDA_ERROR_INVALID_CONTEXT`: the real open of a handle in the process
+/// that exported it (measured, docs/FACTS.md "CUDA IPC").
+const INVALID_CONTEXT: u32 = 201;
+/// `CUDA_ERROR_INVALID_HANDLE`: the real open of a handle whose exporter has exited.
+const INVALID_HANDLE: u32 = 400;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag the real open accepts.
+const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+/// How long either side waits for the other's message.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+// ---- export -------------------------------------------------------------------
+
+/// `cuIpcGetMemHandle`/`cudaIpcGetMemHandle`: the shim's handle for a pool
+/// block (the allocation holding `ptr`, as the real handle names), else the
+/// real call's answer.
+/// SAFETY: `out` is null or 64 writable bytes, as the C contract requires.
+pub unsafe fn get_mem_handle(allocator: &'static Allocator, out: *mut IpcMemHandle, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
+    if out.is_null() {
+        return real();
+    }
+    match export(allocator, ptr) {
+        Some(handle) => {
+            // SAFETY: `out` is non-null and writable.
+            unsafe { *out = IpcMemHandle(handle.encode()) };
+            SUCCESS
+        }
+        None => real(),
+    }
+}
+
+fn export(allocator: &'static Allocator, ptr: u64) -> Option<IpcHandle> {
+    let driver = driver::loaded()?;
+    let base = match allocator.live_block(ptr) {
+        Some(_) => ptr,
+        None => driver.allocation_base(ptr).ok()?,
+    };
+    // Pinned host memory from the host pool is not exportable (nor is the real allocator's).
+    let device = allocator.live_block(base).filter(|block| !block.memory.is_host())?.device;
+    // A pool other processes cannot import: the real call answers.
+    allocator.shareable_pool(device)?;
+    let endpoint = server_endpoint(allocator)?;
+    let (secret, _) = allocator.export(base, random_secret)?;
+    Some(IpcHandle { pid: std::process::id(), endpoint, base, secret })
+}
+
+fn random_secret() -> Secret {
+    let mut secret = [0u8; 32];
+    let mut filled = 0;
+    while filled < secret.len() {
+        // SAFETY: writes at most the rest of `secret`.
+        let n = unsafe { libc::getrandom(secret[filled..].as_mut_ptr().cast(), secret.len() - filled, 0) };
+        if n > 0 {
+            filled += n as usize;
+        }
+    }
+    secret
+}
+
+/// The directory of this user's IPC sockets: made with mode 0700, and used
+/// only if it is a real directory this user owns that no one else may enter.
+fn socket_dir() -> Result<PathBuf, String> {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let dir = PathBuf::from(format!("/tmp/somashim-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(format!("{} is not a directory of this user's that only it may enter", dir.display()));
+    }
+    Ok(dir)
+}
+
+fn socket_path(dir: &std::path::Path, pid: u32, endpoint: u64) -> PathBuf {
+    dir.join(format!("{pid}-{endpoint:016x}"))
+}
+
+struct Server {
+    pid: u32,
+    endpoint: u64,
+    path: PathBuf,
+    /// Written to stop the thread.
+    wake: OwnedFd,
+    thread: JoinHandle<()>,
+}
+
+/// This process's IPC server. A forked child finds its parent's here (with
+/// the parent's pid) and starts its own on its first export.
+static SERVER: Mutex<Option<Server>> = Mutex::new(None);
+
+/// The endpoint of this process's server, started on first use.
+fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
+    let mut server = lock(&SERVER);
+    let pid = std::process::id();
+    if let Some(running) = server.as_ref().filter(|s| s.pid == pid) {
+        return Some(running.endpoint);
+    }
+    match start_server(allocator, pid) {
+        Ok(started) => {
+            let endpoint = started.endpoint;
+            // A parent's server, inherited through fork: its thread is not here.
+            if let Some(inherited) = server.replace(started) {
+                std::mem::forget(inherited.thread);
+            }
+            Some(endpoint)
+        }
+        Err(e) => {
+            log::warn!("CUDA IPC: cannot start the shim's IPC server ({e}): handles of pool memory pass through");
+            None
+        }
+    }
+}
+
+fn start_server(allocator: &'static Allocator, pid: u32) -> Result<Server, String> {
+    let dir = socket_dir()?;
+    let endpoint = u64::from_le_bytes(random_secret()[..8].try_into().unwrap_or_default());
+    let path = socket_path(&dir, pid, endpoint);
+    let listener = UnixListener::bind(&path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors to `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors are new and ours.
+    let (wake_read, wake) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let thread = std::thread::Builder::new()
+        .name("somashim-ipc".into())
+        .spawn(move || serve(allocator, listener, wake_read, pid, endpoint))
+        .map_err(|e| e.to_string())?;
+    log::debug!("CUDA IPC: serving on {}", path.display());
+    Ok(Server { pid, endpoint, path, wake, thread })
+}
+
+/// At exit: the server thread stops and its socket goes.
+pub fn stop_server() {
+    let Some(mut server) = try_lock(&SERVER) else { return };
+    let Some(running) = server.take_if(|s| s.pid == std::process::id()) else { return };
+    let _ = std::fs::File::from(running.wake).write_all(&[1]);
+    let _ = running.thread.join();
+    let _ = std::fs::remove_file(&running.path);
+}
+
+/// One lease: the importer's connection, and the block it holds.
+struct Lease {
+    connection: UnixStream,
+    base: u64,
+}
+
+/// The server thread: answers requests and watches leases until woken.
+/// It holds no lock of the shim's across its driver calls.
+fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32, endpoint: u64) {
+    let mut leases: Vec<Lease> = Vec::new();
+    let mut pool_fds: HashMap<usize, OwnedFd> = HashMap::new();
+    loop {
+        let mut polled: Vec<libc::pollfd> = [wake.as_raw_fd(), listener.as_raw_fd()]
+            .into_iter()
+            .chain(leases.iter().map(|lease| lease.connection.as_raw_fd()))
+            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+            .collect();
+        // SAFETY: `polled` is a valid array of its length.
+        let n = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            log::warn!("CUDA IPC: the server stops: poll: {}", std::io::Error::last_os_error());
+            return;
+        }
+        if polled[0].revents != 0 {
+            return;
+        }
+        // Leases whose importer closed (or exited): end them, newest first so indices hold.
+        for index in (0..leases.len()).rev() {
+            if polled[index + 2].revents != 0 && connection_closed(&mut leases[index].connection) {
+                let lease = leases.swap_remove(index);
+                allocator.lease_ended(lease.base);
+            }
+        }
+        if polled[1].revents != 0 {
+            while let Ok((connection, _)) = listener.accept() {
+                if let Some(lease) = answer(allocator, connection, pid, endpoint, &mut pool_fds) {
+                    leases.push(lease);
+                }
+            }
+        }
+    }
+}
+
+/// Whether the importer's end of a lease is closed (any data is ignored).
+fn connection_closed(connection: &mut UnixStream) -> bool {
+    let mut byte = [0u8; 16];
+    match connection.read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::Interrupted,
+    }
+}
+
+/// The reply: status (0: granted), then, if granted, the block's export
+/// data; the pool's descriptor travels alongside.
+const REPLY_LEN: usize = 4 + 64;
+
+/// Answers one request; the lease if one was granted.
+fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint: u64, pool_fds: &mut HashMap<usize, OwnedFd>) -> Option<Lease> {
+    // SAFETY: geteuid has no preconditions.
+    if peer_uid(&connection) != Some(unsafe { libc::geteuid() }) {
+        return None; // another user's process: not even an answer
+    }
+    connection.set_nonblocking(false).ok()?;
+    connection.set_read_timeout(Some(EXCHANGE_TIMEOUT)).ok()?;
+    connection.set_write_timeout(Some(EXCHANGE_TIMEOUT)).ok()?;
+    let mut request = [0u8; 64];
+    connection.read_exact(&mut request).ok()?;
+    let granted = IpcHandle::decode(&request)
+        .filter(|handle| handle.pid == pid && handle.endpoint == endpoint)
+        .and_then(|handle| {
+            let block = allocator.lease(handle.base, &handle.secret)?;
+            match export_block(allocator, handle.base, block.device, pool_fds) {
+                Some(granted) => Some((handle.base, granted)),
+                None => {
+                    allocator.lease_ended(handle.base);
+                    None
+                }
+            }
+        });
+    let Some((base, (pool_fd, data))) = granted else {
+        let _ = send_all(&connection, &1u32.to_le_bytes());
+        return None;
+    };
+    let mut reply = [0u8; REPLY_LEN];
+    reply[4..].copy_from_slice(&data);
+    if send_with_fd(&connection, &reply, pool_fd).is_err() || connection.set_nonblocking(true).is_err() {
+        allocator.lease_ended(base);
+        return None;
+    }
+    Some(Lease { connection, base })
+}
+
+/// The pool's descriptor (exported once per pool, before any of its blocks)
+/// and the block's export data.
+fn export_block(allocator: &Allocator, base: u64, device: i32, pool_fds: &mut HashMap<usize, OwnedFd>) -> Option<(RawFd, PointerExport)> {
+    let driver = driver::loaded()?;
+    let (pool, context) = allocator.shareable_pool(device)?;
+    let exported = driver.with_context(context, || -> Result<_, crate::cuda::gpu::CuError> {
+        // The pool first: the driver exports blocks only of a pool already
+        // shared (measured: the block's export refuses with invalid value before).
+        let fd = match pool_fds.get(&(pool.0 as usize)) {
+            Some(fd) => fd.as_raw_fd(),
+            None => {
+                let fd = driver.export_pool(pool)?;
+                let raw = fd.as_raw_fd();
+                pool_fds.insert(pool.0 as usize, fd);
+                raw
+            }
+        };
+        Ok((fd, driver.export_pointer(base)?))
+    });
+    match exported {
+        Ok(Ok(found)) => Some(found),
+        Ok(Err(e)) | Err(e) => {
+            log::warn!("CUDA IPC: exporting the block at {base:#x} failed: {e:?}");
+            None
+        }
+    }
+}
+
+fn peer_uid(connection: &UnixStream) -> Option<u32> {
+    let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes a ucred of `len` bytes to a local.
+    let rc = unsafe {
+        libc::getsockopt(
+            connection.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut credentials as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(credentials.uid)
+}
+
+/// Writes all of `bytes` without the SIGPIPE a write to a closed socket
+/// raises (which would end the program: the shim runs inside it).
+fn send_all(connection: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: sends from a live slice on a live socket.
+        let n = unsafe { libc::send(connection.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
+fn send_with_fd(connection: &UnixStream, bytes: &[u8], fd: RawFd) -> std::io::Result<()> {
+    let iov = [IoSlice::new(bytes)];
+    let mut control = [0u64; 4]; // CMSG_SPACE(sizeof(int)), aligned
+    // SAFETY: msghdr is plain data; the control buffer holds one int's cmsg.
+    unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+        let header = libc::CMSG_FIRSTHDR(&message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+        if libc::sendmsg(connection.as_raw_fd(), &message, libc::MSG_NOSIGNAL) != bytes.len() as isize {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Receives the reply and the descriptor sent with it (if any).
+fn receive_with_fd(connection: &UnixStream, bytes: &mut [u8; REPLY_LEN]) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = [IoSliceMut::new(bytes)];
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain data; the kernel writes at most the buffers' lengths.
+    unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = iov.as_mut_ptr().cast();
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = std::mem::size_of_val(&control);
+        let n = libc::recvmsg(connection.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let header = libc::CMSG_FIRSTHDR(&message);
+        let fd = (!header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS)
+            .then(|| OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>())));
+        Ok((n as usize, fd))
+    }
+}
+
+// ---- import -------------------------------------------------------------------
+
+/// One block this process imported, opened `opens` times.
+struct Imported {
+    ptr: u64,
+    opens: u32,
+    /// The lease: closing it tells the exporter.
+    _connection: UnixStream,
+}
+
+/// Imported blocks by (exporter endpoint, base address in the exporter).
+static IMPORTS: Mutex<Option<HashMap<(u64, u64), Imported>>> = Mutex::new(None);
+
+/// Whether this process ever imported a block (skips the lock for the real closes).
+static IMPORTED_ANY: AtomicBool = AtomicBool::new(false);
+
+/// `cuIpcOpenMemHandle`: a shim handle is opened here; anything else, and a
+/// shim handle that opens nothing, the real call answers.
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn open_mem_handle(out: *mut u64, handle: &IpcMemHandle, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+    let Some(handle) = IpcHandle::decode(&handle.0) else { return real() };
+    if out.is_null() || flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
+        return real(); // refuses the arguments as it refuses them natively
+    }
+    if handle.pid == std::process::id() && try_lock(&SERVER).is_some_and(|s| s.as_ref().is_some_and(|s| s.endpoint == handle.endpoint)) {
+        return INVALID_CONTEXT;
+    }
+    match import(&handle) {
+        Ok(ptr) => {
+            // SAFETY: `out` is non-null and writable.
+            unsafe { *out = ptr };
+            SUCCESS
+        }
+        Err(Refused::ExporterGone) => INVALID_HANDLE,
+        Err(Refused::Driver(code)) => code,
+        Err(Refused::Invalid) => real(),
+    }
+}
+
+enum Refused {
+    /// The exporting process has exited.
+    ExporterGone,
+    /// Forged, stale, or not this user's: the real call's invalid value.
+    Invalid,
+    Driver(u32),
+}
+
+fn import(handle: &IpcHandle) -> Result<u64, Refused> {
+    let driver = driver::loaded().ok_or(Refused::Invalid)?;
+    let device = driver.current_device().map_err(|e| Refused::Driver(e.0))?;
+    let mut imports = lock(&IMPORTS);
+    let imports = imports.get_or_insert_with(HashMap::new);
+    if let Some(open) = imports.get_mut(&(handle.endpoint, handle.base)) {
+        open.opens += 1; // as the real call: the same address, counted
+        return Ok(open.ptr);
+    }
+    let dir = socket_dir().map_err(|_| Refused::Invalid)?;
+    let connection = match UnixStream::connect(socket_path(&dir, handle.pid, handle.endpoint)) {
+        Ok(connection) => connection,
+        // SAFETY: kill with signal 0 only asks whether the process exists.
+        Err(_) if unsafe { libc::kill(handle.pid as libc::pid_t, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) =>
+        {
+            return Err(Refused::ExporterGone)
+        }
+        Err(_) => return Err(Refused::Invalid),
+    };
+    connection.set_read_timeout(Some(EXCHANGE_TIMEOUT)).map_err(|_| Refused::Invalid)?;
+    connection.set_write_timeout(Some(EXCHANGE_TIMEOUT)).map_err(|_| Refused::Invalid)?;
+    send_all(&connection, &handle.encode()).map_err(|_| Refused::Invalid)?;
+    let mut reply = [0u8; REPLY_LEN];
+    let (n, pool_fd) = receive_with_fd(&connection, &mut reply).map_err(|_| Refused::Invalid)?;
+    let pool_fd = pool_fd.filter(|_| n == REPLY_LEN && reply[..4] == [0; 4]).ok_or(Refused::Invalid)?;
+    let data: PointerExport = reply[4..].try_into().map_err(|_| Refused::Invalid)?;
+    let ptr = import_block(driver, pool_fd, device, &data).map_err(|e| Refused::Driver(e.0))?;
+    imports.insert((handle.endpoint, handle.base), Imported { ptr, opens: 1, _connection: connection });
+    IMPORTED_ANY.store(true, Ordering::Release);
+    Ok(ptr)
+}
+
+/// Imports the pool (the driver gives the same pool for each import of
+/// one), lets `device` reach it, and maps the block.
+fn import_block(driver: &driver::Driver, pool_fd: OwnedFd, device: i32, data: &PointerExport) -> Result<u64, crate::cuda::gpu::CuError> {
+    let pool: Pool = driver.import_pool(pool_fd.as_fd())?;
+    driver.set_peer_access(pool, device, true)?;
+    driver.import_pointer(pool, data)
+}
+
+/// `cuIpcCloseMemHandle`: an imported block's last close unmaps it here
+/// (once this context's work is done, so the exporter may reuse it) and
+/// ends the lease; anything else the real call answers.
+pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
+    if !IMPORTED_ANY.load(Ordering::Acquire) {
+        return real();
+    }
+    let closed = {
+        let mut imports = lock(&IMPORTS);
+        let Some(imports) = imports.as_mut() else { return real() };
+        let Some((&key, open)) = imports.iter_mut().find(|(_, open)| open.ptr == ptr) else { return real() };
+        open.opens -= 1;
+        if open.opens > 0 {
+            return SUCCESS;
+        }
+        imports.remove(&key)
+    };
+    let Some(driver) = driver::loaded() else { return SUCCESS };
+    if let Err(e) = driver.synchronize_context().and_then(|_| driver.free_now(ptr)) {
+        log::warn!("CUDA IPC: unmapping the imported block at {ptr:#x} failed: {e:?}");
+    }
+    drop(closed); // the lease ends after the unmapping
+    SUCCESS
+}
+
+/// In a forked child: the parent's leases are not the child's to hold (a
+/// copy of a connection would keep the exporter's block held).
+pub fn after_fork_in_child() {
+    if let Some(mut imports) = try_lock(&IMPORTS) {
+        *imports = None;
+    }
+    IMPORTED_ANY.store(false, Ordering::Release);
+}
