@@ -377,6 +377,7 @@ compare_settings "SOMA_MEMORY_LIMIT=64MiB, lazy GPU, a non-blocking stream (free
 compare "pitched allocations" pitch
 compare "pitched allocations, runtime resolving the driver by cuGetProcAddress" pitch FAKECUDA_RT_PROCADDR=1
 compare "pitched allocations SOMA_MAX_BYTES=64KiB (larger ones pass through)" pitch SOMA_MAX_BYTES=64KiB
+compare "pitched allocations SOMA_DISABLE=1 (no pitch learned)" pitch SOMA_DISABLE=1
 # pinned host memory: from a host memory pool under the shim, plain natively
 compare "pinned host memory" pinned
 compare "pinned host memory, driver door" pinned PINNED_DOOR=driver

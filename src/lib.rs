@@ -96,21 +96,20 @@ pub unsafe extern "C" fn cudaFreeAsync_ptsz(ptr: Handle, stream: Handle) -> u32 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMallocHost(ptr: *mut Handle, size: usize) -> u32 {
     let real = || unsafe { rt::cudaMallocHost(ptr, size) };
-    let reported = front::runtime_door::reported_host_flags(0);
-    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, 0, reported, front::runtime_door::make_context_current, real) }, real)
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, 0, front::runtime_door::make_context_current, real) }, real)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut Handle, size: usize, flags: c_uint) -> u32 {
     let real = || unsafe { rt::cudaHostAlloc(ptr, size, flags) };
-    let reported = front::runtime_door::reported_host_flags(flags);
-    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, reported, front::runtime_door::make_context_current, real) }, real)
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, front::runtime_door::make_context_current, real) }, real)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaFreeHost(ptr: Handle) -> u32 {
     let real = || unsafe { rt::cudaFreeHost(ptr) };
-    guarded(|| front::hooks::free_host(ptr as u64, front::runtime_door::invalid_value, real), real)
+    let would_fail = front::runtime_door::free_host_would_fail;
+    guarded(|| front::hooks::free_host(ptr as u64, would_fail, front::runtime_door::invalid_value, real), real)
 }
 
 #[no_mangle]
@@ -247,9 +246,9 @@ unsafe extern "C" fn cu_mem_alloc_pitch_from(
     caller: usize,
 ) -> u32 {
     let real = || unsafe { cu::cuMemAllocPitch_v2(ptr, pitch, width, height, element_bytes) };
-    let poolable = front::driver_door::pitch_element_size_is_valid(element_bytes);
+    let valid = front::driver_door::pitch_element_size_is_valid(element_bytes);
     let out_of_memory = || OUT_OF_MEMORY;
-    guarded(|| unsafe { front::hooks::malloc_pitch(ptr, pitch, width, height, poolable, caller, || false, out_of_memory, real) }, real)
+    guarded(|| unsafe { front::hooks::malloc_pitch(ptr, pitch, width, height, valid, caller, || false, out_of_memory, real) }, real)
 }
 
 #[no_mangle]
@@ -261,21 +260,19 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> u32 {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(ptr: *mut Handle, size: usize) -> u32 {
     let real = || unsafe { cu::cuMemAllocHost_v2(ptr, size) };
-    let (requested, reported) = (ALLOC_HOST_FLAGS, front::driver_door::reported_host_flags(ALLOC_HOST_FLAGS));
-    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, requested, reported, || false, real) }, real)
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, ALLOC_HOST_FLAGS, || false, real) }, real)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostAlloc(ptr: *mut Handle, size: usize, flags: c_uint) -> u32 {
     let real = || unsafe { cu::cuMemHostAlloc(ptr, size, flags) };
-    let reported = front::driver_door::reported_host_flags(flags);
-    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, reported, || false, real) }, real)
+    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, || false, real) }, real)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(ptr: Handle) -> u32 {
     let real = || unsafe { cu::cuMemFreeHost(ptr) };
-    guarded(|| front::hooks::free_host(ptr as u64, || INVALID_VALUE, real), real)
+    guarded(|| front::hooks::free_host(ptr as u64, front::driver_door::free_host_would_fail, || INVALID_VALUE, real), real)
 }
 
 #[no_mangle]

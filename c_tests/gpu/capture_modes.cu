@@ -17,7 +17,8 @@
  * before the capture; cudaMalloc; cudaFree of a block from before the capture;
  * cudaMallocAsync + kernel + cudaFreeAsync on the captured stream; the
  * graphMemoryNodes shape; cudaMalloc of the device's whole memory, the
- * out-of-memory path): every call inside the capture prints its return code,
+ * out-of-memory path; cudaFreeHost of pinned memory from before the
+ * capture): every call inside the capture prints its return code,
  * cudaGetLastError after it and cudaStreamIsCapturing of the capturing stream
  * after it; then cudaStreamEndCapture's code, and where a graph came out,
  * whether it instantiates, launches and ran. Everything is printed as codes,
@@ -52,13 +53,14 @@ enum {
   P_MALLOC_ASYNC,
   P_GRAPH_MEMORY_NODES,
   P_OOM,
+  P_FREE_HOST,
   NPATHS
 };
 static const char *path_name[NPATHS] = {"nothing",    "create-nonblocking-stream", "create-blocking-stream",
                                         "destroy-nonblocking-stream", "destroy-blocking-stream",
                                         "cudaMalloc", "cudaFree",
                                         "cudaMallocAsync+cudaFreeAsync", "graphMemoryNodes-shape",
-                                        "cudaMalloc-out-of-memory"};
+                                        "cudaMalloc-out-of-memory", "cudaFreeHost"};
 
 static unsigned *g_out;     /* out[0] = 42 first in the graph, out[1] = the new block's value, out[2] = 43 last */
 static cudaStream_t g_bg;   /* the non-blocking stream the pending frees' kernels run on (NULL: none) */
@@ -110,12 +112,13 @@ static void run_graph(cudaStream_t s, cudaGraph_t g, int want_block) {
 static void one_case(int sit, int mode, int pend, int path) {
   cudaStream_t s = NULL, victim = NULL, made = NULL;
   cudaEvent_t e1 = NULL, e2 = NULL;
-  void *pre = NULL, *p = NULL;
+  void *pre = NULL, *p = NULL, *pinned = NULL;
   int want_block = 0;
   char extra[64];
 
   CHECK_CUDA(cudaStreamCreateWithFlags(&s, sit == SIT_NB ? cudaStreamNonBlocking : cudaStreamDefault));
   CHECK_CUDA(TMALLOC(&pre, 1 * MiB));
+  if (path == P_FREE_HOST) CHECK_CUDA(cudaMallocHost(&pinned, 64 * KiB));
   if (path == P_GRAPH_MEMORY_NODES) {
     CHECK_CUDA(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
     CHECK_CUDA(cudaEventCreateWithFlags(&e2, cudaEventDisableTiming));
@@ -171,6 +174,11 @@ static void one_case(int sit, int mode, int pend, int path) {
       rc = cudaFree(pre);
       show(s, "cudaFree(block from before)", rc, NULL);
       if (rc == cudaSuccess) pre = NULL;
+      break;
+    case P_FREE_HOST:
+      rc = cudaFreeHost(pinned);
+      show(s, "cudaFreeHost(pinned block from before)", rc, NULL);
+      if (rc == cudaSuccess) pinned = NULL;
       break;
     case P_MALLOC_ASYNC: {
       void *q = NULL;
@@ -239,6 +247,10 @@ static void one_case(int sit, int mode, int pend, int path) {
   if (pre) {
     cudaError_t r = cudaFree(pre);
     printf("  after: cudaFree(block from before) rc=%d last=%d\n", (int)r, (int)cudaGetLastError());
+  }
+  if (pinned) {
+    cudaError_t r = cudaFreeHost(pinned);
+    printf("  after: cudaFreeHost(pinned block from before) rc=%d last=%d\n", (int)r, (int)cudaGetLastError());
   }
   if (made) {
     cudaError_t r = cudaStreamDestroy(made);

@@ -68,8 +68,12 @@ int main(int argc, char **argv) {
   unsigned *copies = NULL;
   CHECK_CUDA(cudaMalloc((void **)&copies, bytes * iters));
   CHECK_CUDA(cudaDeviceSynchronize());
+  void *seen[2 * 64] = {0};
+  int nseen = 0, reused = 0;
   for (int i = 0; i < iters; i++) {
     unsigned *a = (unsigned *)pinned(bytes, wrong);
+    for (int k = 0; k < nseen; k++) reused += seen[k] == a;
+    seen[nseen++] = a;
     for (size_t j = 0; j < n; j++) a[j] = P;
     k_read_until<<<64, 256, 0, s1>>>(a, n, P, 1000000ull, bad);
     CHECK_CUDA(cudaGetLastError());
@@ -77,6 +81,8 @@ int main(int argc, char **argv) {
     CHECK_CUDA(cudaMemcpyAsync(copies + (size_t)i * n, a, bytes, cudaMemcpyHostToDevice, s2));
     unpin(a, wrong);
     unsigned *b = (unsigned *)pinned(bytes, wrong);
+    for (int k = 0; k < nseen; k++) reused += seen[k] == b;
+    seen[nseen++] = b;
     for (size_t j = 0; j < n; j++) b[j] = Q;
     unpin(b, wrong);
   }
@@ -87,7 +93,8 @@ int main(int argc, char **argv) {
   k_count_neq<<<256, 256>>>(copies, n * iters, P, bad);
   CHECK_CUDA(cudaMemcpy(&copy_bad, bad, sizeof copy_bad, cudaMemcpyDeviceToHost));
   printf("%d iterations of %zu bytes: reads of freed pinned memory done\n", iters, bytes);
-  printf("# corruptions %llu (kernel reads %llu, copies %llu)\n", read_bad + copy_bad, read_bad, copy_bad);
+  printf("# corruptions %llu (kernel reads %llu, copies %llu); %d allocations at an address given out before\n",
+         read_bad + copy_bad, read_bad, copy_bad, reused);
   if (!wrong) CHECK(read_bad + copy_bad == 0);
   CHECK_CUDA(cudaFree(copies));
   CHECK_CUDA(cudaFree(bad));

@@ -11,6 +11,21 @@
 
 #define BLOCK (256 * MiB)
 
+/* The limit SOMA_MEMORY_LIMIT sets on this device ("4GiB" or "5%"), 0 if none. */
+static size_t expected_limit(void) {
+  const char *v = getenv("SOMA_MEMORY_LIMIT");
+  if (!v || !*v) return 0;
+  char *end = NULL;
+  double number = strtod(v, &end);
+  if (strcmp(end, "%") == 0) {
+    size_t device = 0;
+    CHECK(cuDeviceTotalMem(&device, 0) == CUDA_SUCCESS);
+    return (size_t)((unsigned __int128)device * (unsigned)(number * 100 + 0.5) / 10000);
+  }
+  CHECK(strcmp(end, "GiB") == 0);
+  return (size_t)number * GiB;
+}
+
 int main(int argc, char **argv) {
   CHECK_CUDA(cudaFree(NULL));
   /* --nonblocking: a non-blocking stream is alive, so the shim queues its frees */
@@ -36,6 +51,10 @@ int main(int argc, char **argv) {
       blocks[n++] = p;
     }
     long expected = (long)(free0 / BLOCK);
+    if (g_pooled > 0) { /* under the shim: the device is as large as the limit */
+      CHECK(total == expected_limit());
+      CHECK((size_t)n * BLOCK <= expected_limit());
+    }
     printf("# round %d: %d blocks of 256 MiB fit, free memory said %ld\n", round, n, expected);
     printf("round %d: the fill stops within a block of the free memory: %s\n", round,
            n >= expected - 1 && n <= expected ? "yes" : "no");

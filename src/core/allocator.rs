@@ -20,7 +20,7 @@ use super::reclaimer::{Activity, Reclaimer};
 use crate::cuda::gpu::{Context, Gpu, Event, Pool, Stream};
 use super::output;
 use super::passthrough::Passthrough;
-use super::ptrmap::{Block, Claim, Memory, PointerMap};
+use super::ptrmap::{Block, Claim, Memory, MemoryKind, PointerMap};
 use super::stats::{PoolPeaks, Stats};
 use super::trace::{Op, Trace};
 
@@ -69,6 +69,23 @@ enum HostSlot {
     Unseen,
     Unpooled(Passthrough),
     Pooled(Arc<Device>),
+}
+
+/// What the shim had of a device it forgets (a reset): its pools, and the
+/// blocks of each never returned to it.
+struct Forgotten {
+    device: Arc<Device>,
+    host: Option<Arc<Device>>,
+    device_blocks: Vec<u64>,
+    host_blocks: Vec<u64>,
+}
+
+impl Forgotten {
+    /// Each pool with its blocks.
+    fn pools(&self) -> impl Iterator<Item = (&Arc<Device>, &[u64])> {
+        let host = self.host.as_ref().map(|host| (host, self.host_blocks.as_slice()));
+        std::iter::once((&self.device, self.device_blocks.as_slice())).chain(host)
+    }
 }
 
 /// Per context: the streams every free there must wait for.
@@ -305,9 +322,9 @@ impl Allocator {
         self.reclaimer.running() || self.reclaimer.start(move || self.reclaim_all(driver))
     }
 
-    /// Frees `ptr` if the pool of `memory` gave it out. During a capture the
+    /// Frees `ptr` if a pool of `kind` gave it out. During a capture the
     /// free is queued: recording events then could join or break the capture.
-    pub fn free(&self, driver: &impl Gpu, ptr: u64, memory: Memory) -> Freed {
+    pub fn free(&self, driver: &impl Gpu, ptr: u64, kind: MemoryKind) -> Freed {
         let captures = read(&self.captures);
         let current = driver.current_context().ok().flatten();
         if let Some(block) = self.map.live_block(ptr) {
@@ -317,7 +334,7 @@ impl Allocator {
                 return Freed::NotOurs;
             }
         }
-        let block = match self.map.claim_for_free(ptr, memory) {
+        let block = match self.map.claim_for_free(ptr, kind) {
             Claim::Live(block) => block,
             Claim::Shared(block) => {
                 if self.exports.freed(ptr, block) {
@@ -330,7 +347,10 @@ impl Allocator {
             Claim::Unknown => return Freed::NotOurs,
             Claim::OtherMemory => return Freed::OtherMemory,
         };
-        let op = if memory.is_host() { Op::HostFree } else { Op::Free };
+        let op = match kind {
+            MemoryKind::Device => Op::Free,
+            MemoryKind::Host => Op::HostFree,
+        };
         self.freed(driver, op, ptr, block);
         if !captures.is_empty() {
             lock(&self.deferred).push((ptr, block));
@@ -912,34 +932,31 @@ impl Allocator {
         if let Ok(Some(context)) = driver.active_primary_context(ordinal) {
             write(&self.streams).forget_context(context);
         }
-        if let Some((device, host, unreturned)) = self.forget_device(ordinal) {
-            let _ = driver.with_context(device.context, || {
-                device.destroy(driver, &unreturned);
-                if let Some(host) = &host {
-                    host.destroy(driver, &[]);
+        if let Some(forgotten) = self.forget_device(ordinal) {
+            let count = forgotten.pools().map(|(_, blocks)| blocks.len()).sum::<usize>();
+            let _ = driver.with_context(forgotten.device.context, || {
+                for (pool, blocks) in forgotten.pools() {
+                    pool.destroy(driver, blocks);
                 }
             });
-            log::debug!("device {ordinal} reset: released {} block(s) and the pool", unreturned.len());
+            log::debug!("device {ordinal} reset: released {count} block(s) and the pools");
         }
     }
 
     /// The device was reset behind the shim's back: its old blocks are
-    /// released and the shim starts over with a new pool on next use.
+    /// released and the shim starts over with new pools on next use.
     fn abandon_reset_device(&self, driver: &impl Gpu, ordinal: i32) {
-        if let Some((device, host, unreturned)) = self.forget_device(ordinal) {
+        if let Some(forgotten) = self.forget_device(ordinal) {
             log::debug!("device {ordinal} was reset by a path the shim does not wrap");
-            device.abandon(driver, &unreturned);
-            if let Some(host) = host {
-                host.abandon(driver, &[]);
+            for (pool, blocks) in forgotten.pools() {
+                pool.abandon(driver, blocks);
             }
         }
     }
 
     /// Forgets everything of device `ordinal` without calling the driver:
-    /// returns its pool, its host pool if any, and the blocks of either never
-    /// returned, if it had a pool.
-    #[allow(clippy::type_complexity)]
-    fn forget_device(&self, ordinal: i32) -> Option<(Arc<Device>, Option<Arc<Device>>, Vec<u64>)> {
+    /// its pools and the blocks of each never returned, if it had a pool.
+    fn forget_device(&self, ordinal: i32) -> Option<Forgotten> {
         let removed = {
             let mut devices = write(&self.devices);
             let slot = usize::try_from(ordinal).ok().and_then(|i| devices.get_mut(i));
@@ -956,21 +973,24 @@ impl Allocator {
             }
         };
         let live = self.map.take_device(ordinal);
-        for host_memory in [false, true] {
-            let bytes = live.iter().filter(|(_, b)| b.memory.is_host() == host_memory).map(|(_, b)| b.size).sum();
-            self.stats.no_longer_in_use(ordinal, host_memory, bytes);
-        }
-        let deferred: Vec<u64> = {
+        let deferred: Vec<(u64, Block)> = {
             let mut deferred = lock(&self.deferred);
             let (of_device, others) = deferred.drain(..).partition(|(_, block)| block.device == ordinal);
             *deferred = others;
-            of_device.into_iter().map(|(ptr, _)| ptr).collect::<Vec<_>>()
+            of_device
         };
+        for kind in [MemoryKind::Device, MemoryKind::Host] {
+            let bytes = live.iter().filter(|(_, b)| b.memory.kind() == kind).map(|(_, b)| b.size).sum();
+            self.stats.no_longer_in_use(ordinal, kind == MemoryKind::Host, bytes);
+        }
         lock(&self.peer_grants).retain(|&(_, accessor)| accessor != ordinal);
         let device = removed?;
         write(&self.streams).forget_context(device.context);
-        log::debug!("device {ordinal}: forgot the pool and {} pointer(s)", live.len() + deferred.len());
-        Some((device, host, live.iter().map(|(ptr, _)| *ptr).chain(deferred).collect()))
+        log::debug!("device {ordinal}: forgot its pools and {} pointer(s)", live.len() + deferred.len());
+        let (host_blocks, device_blocks): (Vec<_>, Vec<_>) =
+            live.into_iter().chain(deferred).partition(|(_, block)| block.memory.is_host());
+        let addresses = |blocks: Vec<(u64, Block)>| blocks.into_iter().map(|(ptr, _)| ptr).collect();
+        Some(Forgotten { device, host, device_blocks: addresses(device_blocks), host_blocks: addresses(host_blocks) })
     }
 
     /// `accessor` gained (or lost) peer access to `owner`'s memory.

@@ -124,8 +124,8 @@ impl Kind {
                 "a byte count such as 0, 4096, 512MiB, 4G, or max, or total (the device's memory)"
             }
             Kind::Share => {
-                "a byte count such as 512MiB or 40G, a percentage of the device's memory such as 50% or 12.5%, \
-                 or max (no limit)"
+                "a byte count above 0 such as 512MiB or 40G, a percentage of the device's memory such as 50% or \
+                 12.5%, or max (no limit)"
             }
             Kind::Pool => "own or default",
             Kind::FreeOrder => "barrier or join",
@@ -482,9 +482,10 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             "total" if allow_total => Some(Value::Size(Bytes::DeviceTotal)),
             _ => parse_size(text).map(|n| Value::Size(Bytes::Exact(n))),
         },
+        // A limit of nothing would refuse every allocation: not a setting anyone means.
         Kind::Share => match text.strip_suffix('%') {
             Some(percent) => parse_percent(percent).map(|share| Value::Size(Bytes::DeviceShare(share))),
-            None => parse_size(text).map(|n| Value::Size(Bytes::Exact(n))),
+            None => parse_size(text).filter(|&n| n > 0).map(|n| Value::Size(Bytes::Exact(n))),
         },
         Kind::Pool => match text.to_ascii_lowercase().as_str() {
             "own" => Some(Value::Pool(PoolChoice::Own)),
@@ -710,7 +711,7 @@ mod tests {
         assert_eq!(limit("12.5%").unwrap().resolve(80 << 30), 10 << 30);
         assert_eq!(limit(" 100% ").unwrap().resolve(80 << 30), 80 << 30);
         assert_eq!(limit("0.01%").unwrap().resolve(10_000), 1);
-        for bad in ["0%", "101%", "%", "-5%", "1.234%", "5 %", "50%%", "total", "half"] {
+        for bad in ["0", "0%", "101%", "%", "-5%", "1.234%", "5 %", "50%%", "total", "half"] {
             let message = config(&[("SOMA_MEMORY_LIMIT", bad)]).unwrap_err().to_string();
             assert!(message.contains("SOMA_MEMORY_LIMIT") && message.contains("50%"), "{bad}: {message}");
         }

@@ -216,7 +216,9 @@ impl Device {
         if self.memory_limit.is_some_and(|limit| self.reserved(driver) > limit) {
             // Given back in the stream's order, where it came from: the pool
             // can hand it out again at once, or release it when trimmed.
-            driver.free_async(ptr, stream).map_err(AllocFailure::Driver)?;
+            if let Err(e) = driver.free_async(ptr, stream) {
+                log::warn!("device {}: giving back a block over the memory limit failed, leaking it: {e:?}", self.ordinal);
+            }
             if trim {
                 self.trim(driver, stream)?; // the last attempt: the pool ends within the limit
             }

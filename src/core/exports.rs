@@ -177,7 +177,7 @@ mod tests {
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
         assert_eq!(exports.lease_ended(0x1000), None, "not freed: nothing to do");
-        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::Memory::Device), crate::core::ptrmap::Claim::Shared(B));
+        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
         assert!(exports.freed(0x1000, B), "leased: held");
         assert_eq!(exports.lease(&map, 0x1000, &secret), None, "freed: no new lease");
         assert_eq!(exports.lease_ended(0x1000), Some(B), "the last lease frees it");

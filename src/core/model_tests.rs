@@ -19,7 +19,7 @@ use proptest::strategy::ValueTree;
 
 use super::allocator::{Allocator, Freed};
 use super::config::Config;
-use super::ptrmap::Memory;
+use super::ptrmap::{Memory, MemoryKind};
 use super::model::{CaptureMode, SimGpu, Touch, PER_THREAD};
 use crate::cuda::gpu::{Gpu, Pool, Stream};
 
@@ -53,7 +53,7 @@ impl Shim for Allocator {
     }
 
     fn free(&self, gpu: &SimGpu, ptr: u64) {
-        match Allocator::free(self, gpu, ptr, Memory::Device) {
+        match Allocator::free(self, gpu, ptr, MemoryKind::Device) {
             Freed::Issued { .. } | Freed::Deferred => {}
             other => panic!("free of the live pool block {ptr:#x}: {other:?}"),
         }

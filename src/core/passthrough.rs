@@ -24,10 +24,8 @@ pub enum Passthrough {
     PoolOutOfMemory,
     /// The pool failed for another reason (logged).
     PoolError,
-    /// A pitched request the real function answers itself: a zero width or
-    /// height, a null out-pointer, an element size it refuses, a size that
-    /// overflows, or a request during a capture.
-    PitchNotPooled,
+    /// `cuMemAllocPitch` with an element size it refuses (not 4, 8 or 16).
+    InvalidElementSize,
     /// `SOMA_PASSTHROUGH_CALLERS` names the library that called.
     Caller,
     /// A call made by the shim itself into the runtime: never pooled twice.

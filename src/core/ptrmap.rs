@@ -42,6 +42,20 @@ impl Memory {
     pub fn is_host(self) -> bool {
         matches!(self, Memory::Host { .. })
     }
+
+    pub fn kind(self) -> MemoryKind {
+        match self {
+            Memory::Device => MemoryKind::Device,
+            Memory::Host { .. } => MemoryKind::Host,
+        }
+    }
+}
+
+/// Which free a block takes: `cudaFree` (device) or `cudaFreeHost` (host).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryKind {
+    Device,
+    Host,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,12 +145,14 @@ impl PointerMap {
         old.is_some_and(|slot| slot.pending)
     }
 
-    /// `cudaFree` (or, for `Memory::Host`, `cudaFreeHost`): a live block
-    /// becomes pending until it is back in the pool.
-    pub fn claim_for_free(&self, ptr: u64, memory: Memory) -> Claim {
+    /// `cudaFree` (or, for `MemoryKind::Host`, `cudaFreeHost`): a live block
+    /// becomes pending until it is back in the pool. (The host ranges' lock
+    /// is taken under the block's shard: it is a leaf, never held while a
+    /// shard is taken.)
+    pub fn claim_for_free(&self, ptr: u64, kind: MemoryKind) -> Claim {
         match self.slots.get_mut(&ptr) {
             None => Claim::Unknown,
-            Some(slot) if slot.block.memory.is_host() != memory.is_host() => Claim::OtherMemory,
+            Some(slot) if slot.block.memory.kind() != kind => Claim::OtherMemory,
             Some(slot) if slot.pending => Claim::Pending,
             Some(mut slot) => {
                 slot.pending = true;
@@ -235,12 +251,12 @@ mod tests {
         let host = Block { memory: Memory::Host { flags: 2 }, ..B };
         map.insert(0x1000, host);
         map.insert(0x2000, B);
-        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::OtherMemory);
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::OtherMemory);
         assert_eq!(map.claim_for_free_async(0x1000), Claim::OtherMemory);
-        assert_eq!(map.claim_for_free(0x2000, Memory::Host { flags: 0 }), Claim::OtherMemory);
+        assert_eq!(map.claim_for_free(0x2000, MemoryKind::Host), Claim::OtherMemory);
         assert_eq!(map.live_block(0x1000), Some(host), "still the program's");
-        assert_eq!(map.claim_for_free(0x1000, Memory::Host { flags: 0 }), Claim::Live(host));
-        assert_eq!(map.claim_for_free(0x1000, Memory::Host { flags: 0 }), Claim::Pending);
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Host), Claim::Live(host));
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Host), Claim::Pending);
     }
 
     #[test]
@@ -254,7 +270,7 @@ mod tests {
         assert_eq!(map.host_block_holding(0x11000), None, "past its end");
         assert_eq!(map.host_block_holding(0xffff), None);
         assert_eq!(map.host_block_holding(0x20010), None, "device memory");
-        map.claim_for_free(0x10000, Memory::Host { flags: 0 });
+        map.claim_for_free(0x10000, MemoryKind::Host);
         assert_eq!(map.host_block_holding(0x10010), None, "freed");
         map.reissue(0x10000, host);
         assert_eq!(map.host_block_holding(0x10010), Some(host), "handed out again");
@@ -265,12 +281,12 @@ mod tests {
         let map = PointerMap::default();
         assert_eq!(map.insert(0x1000, B), None);
         assert!(map.is_live(0x1000));
-        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Live(B));
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Live(B));
         assert!(!map.is_live(0x1000));
-        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Pending, "a double free while pending");
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Pending, "a double free while pending");
         assert_eq!(map.claim_for_free_async(0x1000), Claim::Pending);
         map.returned(0x1000);
-        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Unknown, "back in the pool: the real free decides");
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Unknown, "back in the pool: the real free decides");
         assert_eq!(map.len(), 0);
     }
 
@@ -278,7 +294,7 @@ mod tests {
     fn a_pending_block_can_be_handed_out_again_and_a_live_one_cannot() {
         let map = PointerMap::default();
         map.insert(0x1000, B);
-        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Live(B));
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Live(B));
         assert!(map.reissue(0x1000, B), "pending: handed out again");
         assert!(map.is_live(0x1000));
         assert!(!map.reissue(0x1000, B), "live: the map was stale");
@@ -311,12 +327,12 @@ mod tests {
         assert_eq!(map.share(0x1000), Some((B, true)), "a second export finds it shared");
         assert_eq!(map.live_shared_block(0x1000), Some(B));
         assert_eq!(map.claim_for_free_async(0x1000), Claim::Shared(B));
-        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Pending, "held: a double free");
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Pending, "held: a double free");
         assert_eq!(map.share(0x1000), None, "a pending block cannot be exported");
         map.returned(0x1000);
         map.insert(0x1000, B);
         assert_eq!(map.live_shared_block(0x1000), None, "a new block at the address is not shared");
-        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Live(B));
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Live(B));
     }
 
     #[test]
@@ -324,7 +340,7 @@ mod tests {
         let map = PointerMap::default();
         map.insert(0x1000, Block { device: 0, size: 4096, caller: 0, memory: Memory::Device });
         assert!(!map.is_live(0x1100));
-        assert_eq!(map.claim_for_free(0x1100, Memory::Device), Claim::Unknown);
+        assert_eq!(map.claim_for_free(0x1100, MemoryKind::Device), Claim::Unknown);
         assert_eq!(map.len(), 1);
     }
 
@@ -333,7 +349,7 @@ mod tests {
         let map = PointerMap::default();
         map.insert(0x1000, Block { device: 0, size: 1, caller: 0, memory: Memory::Device });
         assert_eq!(map.insert(0x1000, Block { device: 1, size: 2, caller: 0, memory: Memory::Device }), Some(Block { device: 0, size: 1, caller: 0, memory: Memory::Device }));
-        assert_eq!(map.claim_for_free(0x1000, Memory::Device), Claim::Live(Block { device: 1, size: 2, caller: 0, memory: Memory::Device }));
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Live(Block { device: 1, size: 2, caller: 0, memory: Memory::Device }));
     }
 
     #[test]
@@ -342,13 +358,13 @@ mod tests {
         for i in 0..10u64 {
             map.insert(0x1000 * (i + 1), Block { device: (i % 2) as i32, size: 8, caller: 0, memory: Memory::Device });
         }
-        assert_eq!(map.claim_for_free(0x2000, Memory::Device), Claim::Live(Block { device: 1, size: 8, caller: 0, memory: Memory::Device }));
+        assert_eq!(map.claim_for_free(0x2000, MemoryKind::Device), Claim::Live(Block { device: 1, size: 8, caller: 0, memory: Memory::Device }));
         let live = map.take_device(1);
         assert_eq!(live.len(), 4, "the pending one is not reported live");
         assert!(live.iter().all(|(_, b)| b.device == 1));
         assert_eq!(map.len(), 5);
         assert!(map.is_live(0x1000));
-        assert_eq!(map.claim_for_free(0x2000, Memory::Device), Claim::Unknown);
+        assert_eq!(map.claim_for_free(0x2000, MemoryKind::Device), Claim::Unknown);
     }
 
     #[test]
@@ -372,7 +388,7 @@ mod tests {
                         let block = Block { device: 0, size: i, caller: 0, memory: Memory::Device };
                         assert_eq!(map.insert(ptr, block), None);
                         if i % 2 == 0 {
-                            assert_eq!(map.claim_for_free(ptr, Memory::Device), Claim::Live(block));
+                            assert_eq!(map.claim_for_free(ptr, MemoryKind::Device), Claim::Live(block));
                             map.returned(ptr);
                         }
                     }

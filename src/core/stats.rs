@@ -72,7 +72,7 @@ const REASONS: [Passthrough; 17] = [
     Passthrough::ForeignContext,
     Passthrough::PoolOutOfMemory,
     Passthrough::PoolError,
-    Passthrough::PitchNotPooled,
+    Passthrough::InvalidElementSize,
     Passthrough::Caller,
     Passthrough::HostPoolOff,
     Passthrough::NoHostPoolSupport,

@@ -39,15 +39,13 @@ pub fn loaded() -> Option<&'static Driver> {
 
 impl Driver {
     /// The row alignment of the real `cuMemAllocPitch` on the current
-    /// context's device: the pitch it gives a one-byte row, learned by
-    /// allocating one and freeing it at once (the free synchronizes, so this
-    /// is for once per device, never during a capture).
+    /// context's device: the pitch it gives a one-byte row. The row stays
+    /// allocated (it goes with the context): freeing it would synchronize the
+    /// device, which the program did not ask for. For once per device.
     pub fn pitch_alignment(&self) -> CuResult<u64> {
-        let (mut ptr, mut pitch) = (0u64, 0usize);
+        let (mut row, mut pitch) = (0u64, 0usize);
         // SAFETY: two out-pointers to locals; element size 4 is always valid.
-        check(unsafe { cu::cuMemAllocPitch_v2(&mut ptr, &mut pitch, 1, 1, 4) })?;
-        // SAFETY: the block was just allocated by the real driver.
-        check(unsafe { cu::cuMemFree_v2(ptr) })?;
+        check(unsafe { cu::cuMemAllocPitch_v2(&mut row, &mut pitch, 1, 1, 4) })?;
         Ok(pitch as u64)
     }
 }

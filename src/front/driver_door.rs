@@ -11,7 +11,6 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 
-use super::hooks::HOST_MAPPED;
 use crate::cuda::driver;
 use crate::cuda::gpu::{Context, Gpu};
 use crate::cuda::real::{self, SUCCESS};
@@ -93,6 +92,13 @@ pub fn free_would_fail() -> Option<u32> {
     (rc != SUCCESS).then_some(rc)
 }
 
+/// As `free_would_fail`, for `cuMemFreeHost`: `cuMemFreeHost(NULL)`.
+pub fn free_host_would_fail() -> Option<u32> {
+    // SAFETY: a free of the null address frees nothing.
+    let rc = unsafe { real::driver::cuMemFreeHost(std::ptr::null_mut()) };
+    (rc != SUCCESS).then_some(rc)
+}
+
 /// (owner, accessor) for `cuCtxEnablePeerAccess(peer)`: the current context
 /// may now reach the memory of `peer`'s device.
 pub fn peer_devices(peer: *mut c_void) -> Option<(i32, i32)> {
@@ -100,12 +106,6 @@ pub fn peer_devices(peer: *mut c_void) -> Option<(i32, i32)> {
     let accessor = driver.current_device().ok()?;
     let owner = driver.with_context(Context(peer), || driver.current_device()).ok()?.ok()?;
     Some((owner, accessor))
-}
-
-/// What `cuMemHostGetFlags` answers for a real `cuMemHostAlloc(flags)`,
-/// measured (docs/FACTS.md): every allocation is mapped.
-pub fn reported_host_flags(requested: u32) -> u32 {
-    requested | HOST_MAPPED
 }
 
 /// The flags `cuMemAllocHost` allocates with (measured: it reports mapped only).

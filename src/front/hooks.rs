@@ -16,7 +16,7 @@ use super::caller::CallerFilter;
 use crate::core::allocator::{Allocator, Freed, Unserved};
 use crate::core::config::{Config, StatsOutput};
 use crate::core::passthrough::Passthrough;
-use crate::core::ptrmap::Memory;
+use crate::core::ptrmap::{Memory, MemoryKind};
 use crate::core::reclaimer::ForkPause;
 use crate::core::stats::Timing;
 use crate::cuda::driver::{self, Driver};
@@ -151,27 +151,37 @@ pub unsafe fn malloc(
     out_of_memory: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
+    let request = Request::Bytes(size as u64);
     // SAFETY: as this function's contract.
-    match unsafe { allocate(out, size as u64, caller, make_context_current, out_of_memory, real) } {
-        Answer::Pooled => SUCCESS,
+    match unsafe { allocate(out, request, caller, make_context_current, out_of_memory, real) } {
+        Answer::Pooled { .. } => SUCCESS,
         Answer::Answered(rc) => rc,
     }
 }
 
+/// What an allocation asks the pool for.
+#[derive(Clone, Copy, Debug)]
+enum Request {
+    Bytes(u64),
+    /// `height` rows of `width` bytes, each starting at a multiple of the
+    /// pitch the real `cuMemAllocPitch` gives (`Pitches`).
+    Rows { width: u64, height: u64 },
+}
+
 /// Who answered an allocation.
 enum Answer {
-    /// The pool: the address is in the caller's out-pointer.
-    Pooled,
+    /// The pool: the address is in the caller's out-pointer; `pitch` is the
+    /// row pitch of a `Request::Rows`.
+    Pooled { pitch: u64 },
     /// The real function, or the shim's out-of-memory error: this code.
     Answered(u32),
 }
 
-/// An allocation of `size` bytes from the pool, or from `real` where it is
-/// not the pool's (see `malloc`).
-/// SAFETY: `out` is null or writable.
+/// An allocation from the pool, or from `real` where it is not the pool's
+/// (see `malloc`). SAFETY: `out` is null or writable.
 unsafe fn allocate(
     out: *mut u64,
-    size: u64,
+    request: Request,
     caller: usize,
     make_context_current: impl FnOnce() -> bool,
     out_of_memory: impl FnOnce() -> u32,
@@ -179,22 +189,26 @@ unsafe fn allocate(
 ) -> Answer {
     let allocator = allocator();
     let _timer = CallTimer::start(allocator, &allocator.stats.alloc_time);
-    match pool_alloc(allocator, out.is_null(), size, caller, make_context_current) {
-        Ok(ptr) => {
+    match pool_alloc(allocator, out.is_null(), request, caller, make_context_current) {
+        Ok((ptr, pitch)) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
             unsafe { *out = ptr };
             arm_process_handlers();
-            Answer::Pooled
+            Answer::Pooled { pitch }
         }
         Err(Unserved::OverMemoryLimit) => {
-            log::debug!("allocation of {size} bytes refused: SOMA_MEMORY_LIMIT");
+            log::debug!("allocation {request:?} refused: SOMA_MEMORY_LIMIT");
             // SAFETY: as above; the real allocator leaves NULL on failure too.
             unsafe { *out = 0 };
             Answer::Answered(out_of_memory())
         }
         Err(Unserved::PassThrough(reason)) => {
-            log::trace!("allocation of {size} bytes passed through: {reason:?}");
-            allocator.stats.passed_through(reason, size);
+            log::trace!("allocation {request:?} passed through: {reason:?}");
+            let bytes = match request {
+                Request::Bytes(size) => size,
+                Request::Rows { width, height } => width.saturating_mul(height),
+            };
+            allocator.stats.passed_through(reason, bytes);
             let rc = real();
             if rc == SUCCESS {
                 arm_process_handlers();
@@ -210,34 +224,30 @@ unsafe fn allocate(
 
 /// `cudaMallocPitch`/`cuMemAllocPitch`: `height` rows of `width` bytes,
 /// each row starting `*pitch` bytes after the previous one, the pitch being
-/// the one the real function gives (see `pitched`). Requests the real
-/// function would refuse or answer without memory (a zero width or height, a
-/// null out-pointer, or what the door says is not `poolable`: an element
-/// size the driver refuses) are its own; the rest as for `malloc`.
-/// SAFETY: `out` and `pitch` are null or writable.
+/// the one the real function gives (`Pitches`). `element_size_valid`: false
+/// for an element size the real `cuMemAllocPitch` refuses (it answers);
+/// the rest as for `malloc`. SAFETY: `out` and `pitch` are null or writable.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn malloc_pitch(
     out: *mut u64,
     pitch: *mut usize,
     width: usize,
     height: usize,
-    poolable: bool,
+    element_size_valid: bool,
     caller: usize,
     make_context_current: impl FnOnce() -> bool,
     out_of_memory: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    let layout = (poolable && !pitch.is_null() && !out.is_null())
-        .then(|| driver_and_context(make_context_current).ok())
-        .flatten()
-        .and_then(|(driver, _)| pitched(driver, width, height));
-    let Some((row_pitch, size)) = layout else {
-        allocator().stats.passed_through(Passthrough::PitchNotPooled, 0);
+    if !element_size_valid || pitch.is_null() {
+        let reason = if pitch.is_null() { Passthrough::NullOutPointer } else { Passthrough::InvalidElementSize };
+        allocator().stats.passed_through(reason, 0);
         return real();
-    };
-    // SAFETY: as this function's contract; the context is current already.
-    match unsafe { allocate(out, size, caller, || false, out_of_memory, real) } {
-        Answer::Pooled => {
+    }
+    let request = Request::Rows { width: width as u64, height: height as u64 };
+    // SAFETY: as this function's contract.
+    match unsafe { allocate(out, request, caller, make_context_current, out_of_memory, real) } {
+        Answer::Pooled { pitch: row_pitch } => {
             // SAFETY: checked non-null above; writable by the C contract.
             unsafe { *pitch = row_pitch as usize };
             SUCCESS
@@ -246,30 +256,33 @@ pub unsafe fn malloc_pitch(
     }
 }
 
-/// The pitch and size of a pitched allocation on the current device, where
-/// the pool can serve one: the width rounded up to the pitch alignment the
-/// real `cuMemAllocPitch` uses (learned from it once per device), times the
-/// height. None for what the real function must answer: a zero width or
-/// height, a size that overflows, a capture in progress (learning the
-/// alignment frees memory, which a capture forbids), a failed query.
-fn pitched(driver: &Driver, width: usize, height: usize) -> Option<(u64, u64)> {
-    static ALIGNMENTS: Mutex<Vec<(i32, u64)>> = Mutex::new(Vec::new());
-    if width == 0 || height == 0 || allocator().capture_in_progress() {
-        return None;
+/// The row pitch of pitched allocations, per device: the width rounded up
+/// to the alignment the real `cuMemAllocPitch` uses, learned from it once
+/// per device (`Driver::pitch_alignment`) and only for a request the pool
+/// will serve.
+struct Pitches;
+
+impl Pitches {
+    /// The pitch and size of `height` rows of `width` bytes on the current device.
+    fn of(driver: &Driver, width: u64, height: u64) -> Result<(u64, u64), Passthrough> {
+        static ALIGNMENTS: Mutex<Vec<(i32, u64)>> = Mutex::new(Vec::new());
+        let device = driver.current_device().map_err(|_| Passthrough::NoContext)?;
+        let mut alignments = ALIGNMENTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let alignment = match alignments.iter().find(|(d, _)| *d == device) {
+            Some(&(_, alignment)) => alignment,
+            None => {
+                let learned = driver.pitch_alignment().map_err(|e| {
+                    log::warn!("device {device}: cannot learn the pitch of pitched allocations: {e:?}");
+                    Passthrough::PoolError
+                })?;
+                log::debug!("device {device}: pitched allocations are aligned to {learned} bytes");
+                alignments.push((device, learned));
+                learned
+            }
+        };
+        let pitch = width.checked_next_multiple_of(alignment).ok_or(Passthrough::SizeOutOfRange)?;
+        Ok((pitch, pitch.checked_mul(height).ok_or(Passthrough::SizeOutOfRange)?))
     }
-    let device = driver.current_device().ok()?;
-    let known = ALIGNMENTS.lock().ok()?.iter().find(|(d, _)| *d == device).map(|&(_, a)| a);
-    let alignment = match known {
-        Some(alignment) => alignment,
-        None => {
-            let learned = driver.pitch_alignment().ok()?;
-            log::debug!("device {device}: pitched allocations are aligned to {learned} bytes");
-            ALIGNMENTS.lock().ok()?.push((device, learned));
-            learned
-        }
-    };
-    let pitch = (width as u64).checked_next_multiple_of(alignment)?;
-    Some((pitch, pitch.checked_mul(height as u64)?))
 }
 
 /// `cudaMalloc3D`: a pitched allocation of `extent.height * extent.depth`
@@ -283,21 +296,26 @@ pub unsafe fn malloc_3d(
     out_of_memory: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    let rows = extent.height.checked_mul(extent.depth);
-    let (Some(rows), false) = (rows, out.is_null()) else {
-        allocator().stats.passed_through(Passthrough::PitchNotPooled, 0);
+    let Some(rows) = extent.height.checked_mul(extent.depth) else {
+        allocator().stats.passed_through(Passthrough::SizeOutOfRange, 0);
         return real();
     };
-    let (mut ptr, mut pitch) = (0u64, 0usize);
-    // SAFETY: two locals as out-pointers.
-    let rc = unsafe {
-        malloc_pitch(&mut ptr, &mut pitch, extent.width, rows, true, caller, make_context_current, out_of_memory, real)
-    };
-    if rc == SUCCESS && ptr != 0 {
-        // SAFETY: checked non-null; writable by the C contract.
-        unsafe { *out = PitchedPtr { ptr: ptr as *mut c_void, pitch, xsize: extent.width, ysize: extent.height } };
+    if out.is_null() {
+        allocator().stats.passed_through(Passthrough::NullOutPointer, 0);
+        return real();
     }
-    rc
+    let request = Request::Rows { width: extent.width as u64, height: rows as u64 };
+    let mut ptr = 0u64;
+    // SAFETY: a local as the out-pointer.
+    match unsafe { allocate(&mut ptr, request, caller, make_context_current, out_of_memory, real) } {
+        Answer::Pooled { pitch } => {
+            let described = PitchedPtr { ptr: ptr as *mut c_void, pitch: pitch as usize, xsize: extent.width, ysize: extent.height };
+            // SAFETY: checked non-null; writable by the C contract.
+            unsafe { *out = described };
+            SUCCESS
+        }
+        Answer::Answered(rc) => rc,
+    }
 }
 
 /// Adds the host time of one hooked call to `SOMA_STATS`, when it is on.
@@ -320,14 +338,23 @@ impl Drop for CallTimer<'_> {
     }
 }
 
+/// The pool's answer to `request`: the address and, for rows, their pitch.
+/// Every reason to pass through that needs no driver call is checked before
+/// the context is made current or a pitch learned.
 fn pool_alloc(
     allocator: &Allocator,
     null_out: bool,
-    size: u64,
+    request: Request,
     caller: usize,
     make_context_current: impl FnOnce() -> bool,
-) -> Result<u64, Unserved> {
-    if let Some(reason) = allocator.size_passthrough(size) {
+) -> Result<(u64, u64), Unserved> {
+    let early = match request {
+        Request::Bytes(size) => allocator.size_passthrough(size),
+        Request::Rows { width, height } if width == 0 || height == 0 => allocator.size_passthrough(0),
+        // The size range is checked once the pitch gives the size.
+        Request::Rows { .. } => allocator.config.disable.then_some(Passthrough::Disabled),
+    };
+    if let Some(reason) = early {
         return Err(reason.into());
     }
     if null_out {
@@ -341,7 +368,18 @@ fn pool_alloc(
         return Err(Passthrough::StreamCapture.into());
     }
     let (driver, context) = driver_and_context(make_context_current)?;
-    allocator.alloc(driver, context, size, caller, Memory::Device)
+    let (size, pitch) = match request {
+        Request::Bytes(size) => (size, 0),
+        Request::Rows { width, height } => {
+            let (pitch, size) = Pitches::of(driver, width, height)?;
+            if let Some(reason) = allocator.size_passthrough(size) {
+                return Err(reason.into());
+            }
+            (size, pitch)
+        }
+    };
+    let ptr = allocator.alloc(driver, context, size, caller, Memory::Device)?;
+    Ok((ptr, pitch))
 }
 
 /// The driver and the current context, made current first where none is.
@@ -370,12 +408,37 @@ pub fn free(
     invalid_value: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
+    free_of(MemoryKind::Device, ptr, real_free_would_fail, invalid_value, real)
+}
+
+/// `cudaFreeHost`/`cuMemFreeHost`: as `free`, for pinned host memory
+/// (`real_free_would_fail` asks the real host free).
+pub fn free_host(
+    ptr: u64,
+    real_free_would_fail: impl FnOnce() -> Option<u32>,
+    invalid_value: impl FnOnce() -> u32,
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    free_of(MemoryKind::Host, ptr, real_free_would_fail, invalid_value, real)
+}
+
+fn free_of(
+    kind: MemoryKind,
+    ptr: u64,
+    real_free_would_fail: impl FnOnce() -> Option<u32>,
+    invalid_value: impl FnOnce() -> u32,
+    real: impl FnOnce() -> u32,
+) -> u32 {
     let allocator = allocator();
     let driver = match driver::loaded() {
         Some(driver) if ptr != 0 && !allocator.config.disable => driver,
         _ => return real(),
     };
-    let _timer = CallTimer::start(allocator, &allocator.stats.free_time);
+    let timing = match kind {
+        MemoryKind::Device => &allocator.stats.free_time,
+        MemoryKind::Host => &allocator.stats.host_free_time,
+    };
+    let _timer = CallTimer::start(allocator, timing);
     if allocator.capture_in_progress() {
         // Asked in the block's context, as the real free acts there.
         if let Some(context) = allocator.context_of(ptr) {
@@ -384,7 +447,7 @@ pub fn free(
             }
         }
     }
-    finish_free(allocator, driver, allocator.free(driver, ptr, Memory::Device), invalid_value, real)
+    finish_free(allocator, driver, allocator.free(driver, ptr, kind), invalid_value, real)
 }
 
 /// What a free answers once the core has taken (or refused) the pointer.
@@ -418,26 +481,26 @@ fn finish_free(
 /// Host allocation flags, the runtime's and the driver's alike
 /// (`cudaHostAllocPortable` = `CU_MEMHOSTALLOC_PORTABLE`, ...).
 const HOST_PORTABLE: u32 = 1;
-pub const HOST_MAPPED: u32 = 2;
-pub const HOST_WRITE_COMBINED: u32 = 4;
+const HOST_MAPPED: u32 = 2;
+const HOST_WRITE_COMBINED: u32 = 4;
 
 /// `cudaMallocHost`/`cudaHostAlloc`/`cuMemAllocHost`/`cuMemHostAlloc`:
 /// pinned host memory, `out` receives its address. `requested`: the flags
-/// asked for; `reported`: what `cudaHostGetFlags` answers for the real
-/// allocation (each door knows its own; docs/FACTS.md). `make_context_current`
+/// asked for (`cudaMallocHost`, `cuMemAllocHost`: none). `make_context_current`
 /// as for `malloc`.
 /// SAFETY: `out` is null or writable, as the C contract requires.
 pub unsafe fn malloc_host(
     out: *mut *mut c_void,
     size: usize,
     requested: u32,
-    reported: u32,
     make_context_current: impl FnOnce() -> bool,
     real: impl FnOnce() -> u32,
 ) -> u32 {
     let allocator = allocator();
     let _timer = CallTimer::start(allocator, &allocator.stats.host_alloc_time);
-    let memory = Memory::Host { flags: reported };
+    // What `cudaHostGetFlags`/`cuMemHostGetFlags` answer for the real
+    // allocation, measured (docs/FACTS.md): every one is mapped.
+    let memory = Memory::Host { flags: requested | HOST_MAPPED };
     match pool_alloc_host(allocator, out.is_null(), size as u64, requested, memory, make_context_current) {
         Ok(ptr) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc_host) and writable.
@@ -492,18 +555,6 @@ fn pool_alloc_host(
         // SOMA_MEMORY_LIMIT is of device memory: a host pool is never refused by it.
         Unserved::OverMemoryLimit => Passthrough::PoolError,
     })
-}
-
-/// `cudaFreeHost`/`cuMemFreeHost`; `invalid_value` as for `free`.
-pub fn free_host(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
-    let allocator = allocator();
-    let driver = match driver::loaded() {
-        Some(driver) if ptr != 0 && !allocator.config.disable => driver,
-        _ => return real(),
-    };
-    let _timer = CallTimer::start(allocator, &allocator.stats.host_free_time);
-    let freed = allocator.free(driver, ptr, Memory::Host { flags: 0 });
-    finish_free(allocator, driver, freed, invalid_value, real)
 }
 
 /// `cudaHostGetFlags`/`cuMemHostGetFlags`: for the shim's pinned host

@@ -2,9 +2,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::hooks::HOST_MAPPED;
 use crate::cuda::real::{runtime as cuda, SUCCESS};
-
 
 /// The runtime makes its context current lazily, at its first call on a
 /// thread; `cudaFree(NULL)` is the documented way to make it do so now.
@@ -19,6 +17,13 @@ pub fn make_context_current() -> bool {
 pub fn free_would_fail() -> Option<u32> {
     // SAFETY: cudaFree(NULL) frees nothing.
     let rc = unsafe { cuda::cudaFree(std::ptr::null_mut::<c_void>()) };
+    (rc != SUCCESS).then_some(rc)
+}
+
+/// As `free_would_fail`, for `cudaFreeHost`: `cudaFreeHost(NULL)`.
+pub fn free_host_would_fail() -> Option<u32> {
+    // SAFETY: cudaFreeHost(NULL) frees nothing.
+    let rc = unsafe { cuda::cudaFreeHost(std::ptr::null_mut::<c_void>()) };
     (rc != SUCCESS).then_some(rc)
 }
 
@@ -39,8 +44,3 @@ pub fn current_device() -> Option<i32> {
     (unsafe { cuda::cudaGetDevice(&mut device) } == SUCCESS).then_some(device)
 }
 
-/// What `cudaHostGetFlags` answers for a real `cudaHostAlloc(flags)`
-/// (`cudaMallocHost`: 0), measured (docs/FACTS.md): every allocation is mapped.
-pub fn reported_host_flags(requested: u32) -> u32 {
-    requested | HOST_MAPPED
-}
