@@ -19,7 +19,8 @@
 #     own non-blocking stream, or all on the legacy stream); real, shim and
 #     async; the ratios shim/real, shim/async, shim(N streams)/shim(0);
 # then the verdict on the targets of issue 12 (ok/MISS; a miss does not fail
-# the benchmark: speed targets live here, never in timed tests).
+# the benchmark: speed targets live here, never in timed tests); then pinned
+# host memory (scripts/bench_pinned.sh) and CUDA IPC (scripts/bench_ipc.sh).
 #
 # Every scenario runs BENCH_REPS times (default 3), each time in a fresh
 # process; the repetitions go round the whole list, so that a noisy spell of
@@ -235,7 +236,10 @@ else
   echo "csv: $CSV, $RAWCSV (no plot: scripts/plot_bench.py needs matplotlib, and the sizes)"
 fi
 
+echo
 scripts/bench_pinned.sh "$SHIM" || FAILED+=("pinned host memory (scripts/bench_pinned.sh)")
+echo
+scripts/bench_ipc.sh "$SHIM" || FAILED+=("CUDA IPC (scripts/bench_ipc.sh)")
 
 if [ "${#FAILED[@]}" != 0 ]; then
   echo

@@ -60,14 +60,23 @@ static int opener(const char *hexes) {
   void *p[BLOCKS];
   for (int b = 0; b < BLOCKS; b++)
     for (int i = 0; i < 64; i++) sscanf(hexes + 128 * b + 2 * i, "%2hhx", &((unsigned char *)&h[b])[i]);
-  double t = now_us();
-  for (int b = 0; b < BLOCKS; b++)
+  /* The first open of an exporter's memory also sets up what later ones
+   * share (under the shim: the pool's import); it is shown on its own. */
+  double open_us[BLOCKS], close_us[BLOCKS];
+  for (int b = 0; b < BLOCKS; b++) {
+    double t = now_us();
     if (cudaIpcOpenMemHandle(&p[b], h[b], cudaIpcMemLazyEnablePeerAccess)) return 1;
-  double opened = now_us();
-  for (int b = 0; b < BLOCKS; b++)
+    open_us[b] = now_us() - t;
+  }
+  for (int b = 0; b < BLOCKS; b++) {
+    double t = now_us();
     if (cudaIpcCloseMemHandle(p[b])) return 1;
-  double closed = now_us();
-  printf("ipc_open %.1f us\nipc_close %.1f us\n", (opened - t) / BLOCKS, (closed - opened) / BLOCKS);
+    close_us[b] = now_us() - t;
+  }
+  printf("ipc_open_first %.1f us\n", open_us[0]);
+  qsort(open_us + 1, BLOCKS - 1, sizeof(double), cmp);
+  qsort(close_us, BLOCKS, sizeof(double), cmp);
+  printf("ipc_open_median_of_the_rest %.1f us\nipc_close_median %.1f us\n", open_us[BLOCKS / 2], close_us[BLOCKS / 2]);
   return 0;
 }
 
