@@ -380,6 +380,14 @@ pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer: Handle) -> u32 {
     guarded(|| front::hooks::peer_access(false, || front::driver_door::peer_devices(peer), real), real)
 }
 
+/// The CUDA 10 entry point, which a runtime asking `cuGetProcAddress` with an
+/// older version is handed.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset(device: c_int) -> u32 {
+    let real = || unsafe { cu::cuDevicePrimaryCtxReset(device) };
+    guarded(|| front::hooks::device_reset(Some(device), real), real)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> u32 {
     let real = || unsafe { cu::cuDevicePrimaryCtxReset_v2(device) };
@@ -443,7 +451,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 /// What `dlsym` and `cuGetProcAddress` answer with the shim's function
 /// instead of the driver's (matched on the driver's own answer, so the
 /// driver picks the variant for each version and per-thread flag).
-static DRIVER_ENTRY_POINTS: [EntryPoint; 29] = [
+static DRIVER_ENTRY_POINTS: [EntryPoint; 30] = [
     EntryPoint(c"cuMemAlloc_v2", cuMemAlloc_v2 as *const ()),
     EntryPoint(c"cuMemAllocPitch_v2", cuMemAllocPitch_v2 as *const ()),
     EntryPoint(c"cuMemFree_v2", cuMemFree_v2 as *const ()),
@@ -465,6 +473,7 @@ static DRIVER_ENTRY_POINTS: [EntryPoint; 29] = [
     EntryPoint(c"cuStreamEndCapture_ptsz", cuStreamEndCapture_ptsz as *const ()),
     EntryPoint(c"cuCtxEnablePeerAccess", cuCtxEnablePeerAccess as *const ()),
     EntryPoint(c"cuCtxDisablePeerAccess", cuCtxDisablePeerAccess as *const ()),
+    EntryPoint(c"cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset as *const ()),
     EntryPoint(c"cuDevicePrimaryCtxReset_v2", cuDevicePrimaryCtxReset_v2 as *const ()),
     EntryPoint(c"cuMemGetInfo_v2", cuMemGetInfo_v2 as *const ()),
     EntryPoint(c"cuIpcGetMemHandle", cuIpcGetMemHandle as *const ()),

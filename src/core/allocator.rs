@@ -786,9 +786,8 @@ impl Allocator {
     }
 
     /// Whether the pool of `ordinal` still belongs to the device's current
-    /// primary context. A statically linked runtime's `cudaDeviceReset` does
-    /// not go through the entry points the shim wraps; the context's ID shows
-    /// it. `current`: the current context.
+    /// primary context. A reset by a path the shim does not wrap shows in the
+    /// context's ID. `current`: the current context.
     fn is_current_incarnation(&self, driver: &impl Gpu, ordinal: i32, current: Option<Context>) -> bool {
         let Some(device) = self.known_device(ordinal) else {
             return true;

@@ -273,9 +273,9 @@ impl Device {
                 counters.batches.fetch_add(1, Relaxed);
             }
             Ok(false) => {}
-            // A reset the shim does not see (the static runtime's) destroys the
-            // context, or the streams and events in it, under the reclaimer:
-            // the program's next call notices it.
+            // A reset by a path the shim does not wrap destroys the context,
+            // or the streams and events in it, under the reclaimer: the
+            // program's next call notices it.
             Err(e) if e == CONTEXT_IS_DESTROYED || self.was_reset(driver) => {
                 log::debug!("device {}: context destroyed or reset ({e:?})", self.ordinal)
             }

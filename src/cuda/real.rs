@@ -280,6 +280,7 @@ pub mod driver {
         cuStreamEndCapture_ptsz(stream: *mut c_void, graph: *mut *mut c_void);
         cuCtxEnablePeerAccess(peer: *mut c_void, flags: c_uint);
         cuCtxDisablePeerAccess(peer: *mut c_void);
+        cuDevicePrimaryCtxReset(device: c_int);
         cuDevicePrimaryCtxReset_v2(device: c_int);
         cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
         cuIpcGetMemHandle(handle: *mut c_void, ptr: u64);
