@@ -379,7 +379,7 @@ impl Allocator {
 
     /// Exports the live pool block at `base` through CUDA IPC: the secret of
     /// its handle (`new_secret` draws one for a new export) and the block.
-    pub fn export(&self, base: u64, new_secret: impl FnOnce() -> Secret) -> Option<(Secret, Block)> {
+    pub fn export(&self, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
         self.exports.export(&self.map, base, new_secret)
     }
 

@@ -78,14 +78,15 @@ impl Exports {
     /// Exports the live block at `base`: the secret of its handle (the same
     /// for every export of one allocation, as the real handle is), and the
     /// block; None if `base` is not a live block of the pool's.
-    pub fn export(&self, map: &PointerMap, base: u64, new_secret: impl FnOnce() -> Secret) -> Option<(Secret, Block)> {
+    pub fn export(&self, map: &PointerMap, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
         let mut table = lock(&self.table);
         let (block, shared_before) = map.share(base)?;
         let secret = match table.get(&base) {
             Some(export) if shared_before => export.secret,
             // A new allocation at this address: a handle of an earlier one must not open it.
+            // (Without a secret it stays marked shared and unexported: a later export draws one.)
             _ => {
-                let secret = new_secret();
+                let secret = new_secret()?;
                 table.insert(base, Export { secret, leases: 0, held: None });
                 secret
             }
@@ -156,23 +157,23 @@ mod tests {
     fn exports_of_one_allocation_share_a_secret_and_a_new_allocation_gets_another() {
         let (map, exports) = (PointerMap::default(), Exports::default());
         map.insert(0x1000, B);
-        let (first, _) = exports.export(&map, 0x1000, || [1; 32]).unwrap();
-        let (again, _) = exports.export(&map, 0x1000, || [2; 32]).unwrap();
+        let (first, _) = exports.export(&map, 0x1000, || Some([1; 32])).unwrap();
+        let (again, _) = exports.export(&map, 0x1000, || Some([2; 32])).unwrap();
         assert_eq!((first, again), ([1; 32], [1; 32]));
         assert!(!exports.freed(0x1000, B), "no lease: freed at once");
         map.returned(0x1000);
         map.insert(0x1000, B);
         assert_eq!(exports.lease(&map, 0x1000, &[1; 32]), None, "a stale handle opens nothing");
-        let (new, _) = exports.export(&map, 0x1000, || [3; 32]).unwrap();
+        let (new, _) = exports.export(&map, 0x1000, || Some([3; 32])).unwrap();
         assert_eq!(new, [3; 32]);
-        assert_eq!(exports.export(&map, 0x2000, || [4; 32]), None, "not a pool block");
+        assert_eq!(exports.export(&map, 0x2000, || Some([4; 32])), None, "not a pool block");
     }
 
     #[test]
     fn a_leased_block_is_held_until_its_last_lease_ends() {
         let (map, exports) = (PointerMap::default(), Exports::default());
         map.insert(0x1000, B);
-        let (secret, _) = exports.export(&map, 0x1000, || [9; 32]).unwrap();
+        let (secret, _) = exports.export(&map, 0x1000, || Some([9; 32])).unwrap();
         assert_eq!(exports.lease(&map, 0x1000, &[8; 32]), None, "a forged secret");
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));

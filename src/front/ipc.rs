@@ -84,7 +84,9 @@ fn export(allocator: &'static Allocator, ptr: u64) -> Option<IpcHandle> {
     Some(IpcHandle { pid: std::process::id(), endpoint, base, secret })
 }
 
-fn random_secret() -> Secret {
+/// 32 random bytes, or None where the kernel gives none (getrandom missing
+/// or forbidden): the export then passes through rather than spin.
+fn random_secret() -> Option<Secret> {
     let mut secret = [0u8; 32];
     let mut filled = 0;
     while filled < secret.len() {
@@ -92,9 +94,11 @@ fn random_secret() -> Secret {
         let n = unsafe { libc::getrandom(secret[filled..].as_mut_ptr().cast(), secret.len() - filled, 0) };
         if n > 0 {
             filled += n as usize;
+        } else if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return None;
         }
     }
-    secret
+    Some(secret)
 }
 
 /// The directory of this user's IPC sockets: made with mode 0700, and used
@@ -157,7 +161,8 @@ fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
 
 fn start_server(allocator: &'static Allocator, pid: u32) -> Result<Server, String> {
     let dir = socket_dir()?;
-    let endpoint = u64::from_le_bytes(random_secret()[..8].try_into().unwrap_or_default());
+    let random = random_secret().ok_or("no random bytes from the kernel")?;
+    let endpoint = u64::from_le_bytes(random[..8].try_into().unwrap_or_default());
     let path = socket_path(&dir, pid, endpoint);
     let listener = UnixListener::bind(&path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
