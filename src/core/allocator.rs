@@ -379,7 +379,24 @@ impl Allocator {
 
     /// Exports the live pool block at `base` through CUDA IPC: the secret of
     /// its handle (`new_secret` draws one for a new export) and the block.
-    pub fn export(&self, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
+    /// None where the shim cannot export it: the real call answers.
+    pub fn export(&self, driver: &impl Gpu, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
+        let block = self.map.live_block(base)?;
+        if self.map.live_shared_block(base).is_none() {
+            // A new allocation: its earlier work must be done before an
+            // importer may touch it (see `Device::wait_before_export`).
+            // Held until the end: no capture may begin while the legacy
+            // stream is marked or waited for; during one it may not be.
+            let captures = read(&self.captures);
+            if !captures.is_empty() {
+                return None;
+            }
+            let device = self.known_device(block.device)?;
+            if let Err(e) = driver.with_context(device.context, || device.wait_before_export(driver)).and_then(|r| r) {
+                log::warn!("device {}: waiting for the legacy stream before an export failed: {e:?}", block.device);
+                return None;
+            }
+        }
         self.exports.export(&self.map, base, new_secret)
     }
 

@@ -80,7 +80,7 @@ fn export(allocator: &'static Allocator, ptr: u64) -> Option<IpcHandle> {
     // A pool other processes cannot import: the real call answers.
     allocator.shareable_pool(device)?;
     let endpoint = server_endpoint(allocator)?;
-    let (secret, _) = allocator.export(base, random_secret)?;
+    let (secret, _) = allocator.export(driver, base, random_secret)?;
     Some(IpcHandle { pid: std::process::id(), endpoint, base, secret })
 }
 
