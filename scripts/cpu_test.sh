@@ -449,7 +449,8 @@ for procaddr in 0 1; do
   wanted "$name" || continue
   next_key
   run shim "$KEY" "$BIN/ipc" FAKECUDA_RT_PROCADDR=$procaddr
-  expected='held while the importer has it open: yes
+  expected='pool descriptors a child inherits: 0
+held while the importer has it open: yes
 importer exit status 0
 freed once the importer closed it: yes
 open the handle of a freed block: 1

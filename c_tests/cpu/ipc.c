@@ -6,7 +6,9 @@
  * address), closes (one too many refused), a forged and an all-zero handle;
  * a held block: freed by the exporter while the child has it open, it is not
  * handed out again, and the shim frees it once the child has closed it; the
- * handle of a freed block; the handle of an exporter that has exited. */
+ * handle of a freed block; the handle of an exporter that has exited. A
+ * program's child started after an import inherits no descriptor of the
+ * pool (the double's export gives one without close-on-exec: /dev/null). */
 #include "common.h"
 
 #include <sys/wait.h>
@@ -74,6 +76,19 @@ static int opener(const char *hex) {
   return 0;
 }
 
+/* Prints how many descriptors above stderr this process inherited that
+ * open /dev/null (the double's pool descriptors). */
+static int inherited(void) {
+  int count = 0;
+  for (int fd = 3; fd < 1024; fd++) {
+    char link[64], target[64] = {0};
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    count += readlink(link, target, sizeof target - 1) > 0 && strcmp(target, "/dev/null") == 0;
+  }
+  printf("%d\n", count);
+  return 0;
+}
+
 static int exiting_exporter(void) {
   void *p = NULL;
   CHECK_CUDA(cudaMalloc(&p, MiB));
@@ -98,11 +113,26 @@ static int open_in_child(const char *hex) {
   return atoi(line);
 }
 
+/* How many /dev/null descriptors a child started now inherits. */
+static int inherited_by_child(void) {
+  int out[2];
+  CHECK(pipe(out) == 0);
+  pid_t pid = start("inherited", "-", -1, out[1]);
+  close(out[1]);
+  char count[16] = {0};
+  CHECK(read(out[0], count, sizeof count - 1) > 0);
+  close(out[0]);
+  CHECK(finish(pid) == 0);
+  return atoi(count);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "importer") == 0) return importer(argv[2]);
   if (argc == 3 && strcmp(argv[1], "opener") == 0) return opener(argv[2]);
   if (argc == 3 && strcmp(argv[1], "exporter") == 0) return exiting_exporter();
+  if (argc == 3 && strcmp(argv[1], "inherited") == 0) return inherited();
   under_shim();
+  int inherited_before = inherited_by_child();
   void *p = NULL;
   CHECK_CUDA(cudaMalloc(&p, MiB));
   cudaIpcMemHandle_t h, interior;
@@ -123,6 +153,10 @@ int main(int argc, char **argv) {
   close(from_child[1]);
   char byte = 0;
   CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  int out[2];
+  int pool_descriptors = inherited_by_child() - inherited_before;
+  printf("pool descriptors a child inherits: %d\n", pool_descriptors);
+  CHECK(pool_descriptors == 0);
   CHECK_CUDA(cudaFree(p));
   EXPECT(cudaFree(p), 1); /* held: still a double free */
   cudaGetLastError();
@@ -155,7 +189,6 @@ int main(int argc, char **argv) {
   to_hex(&h, hex);
   printf("open the handle of a freed block: %d\n", open_in_child(hex));
 
-  int out[2];
   CHECK(pipe(out) == 0);
   pid = start("exporter", "-", -1, out[1]);
   close(out[1]);
