@@ -487,16 +487,17 @@ pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     if !IMPORTED_ANY.load(Ordering::Acquire) {
         return real();
     }
-    let closed = {
-        let mut imports = lock(&IMPORTS);
-        let Some(imports) = imports.as_mut() else { return real() };
-        let Some((&key, open)) = imports.iter_mut().find(|(_, open)| open.ptr == ptr) else { return real() };
-        open.opens -= 1;
-        if open.opens > 0 {
-            return SUCCESS;
-        }
-        imports.remove(&key)
-    };
+    // Held until the block is unmapped: an open of the same handle meanwhile
+    // would map it again at the same address, and this unmapping undo it.
+    // (IPC calls are not the allocation hot path.)
+    let mut imports = lock(&IMPORTS);
+    let Some(imports) = imports.as_mut() else { return real() };
+    let Some((&key, open)) = imports.iter_mut().find(|(_, open)| open.ptr == ptr) else { return real() };
+    open.opens -= 1;
+    if open.opens > 0 {
+        return SUCCESS;
+    }
+    let closed = imports.remove(&key);
     let Some(driver) = driver::loaded() else { return SUCCESS };
     if let Err(e) = driver.synchronize_context().and_then(|_| driver.free_now(ptr)) {
         log::warn!("CUDA IPC: unmapping the imported block at {ptr:#x} failed: {e:?}");
