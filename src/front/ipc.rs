@@ -27,7 +27,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -136,6 +136,12 @@ struct Server {
 /// the parent's pid) and starts its own on its first export.
 static SERVER: Mutex<Option<Server>> = Mutex::new(None);
 
+/// The pid and endpoint of the running server, for the open that must
+/// refuse this process's own handles without waiting for an export that
+/// holds `SERVER`. (A forked child sees its parent's pid here: not its own.)
+static SERVING_PID: AtomicU32 = AtomicU32::new(0);
+static SERVING_ENDPOINT: AtomicU64 = AtomicU64::new(0);
+
 /// The endpoint of this process's server, started on first use.
 fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
     let mut server = lock(&SERVER);
@@ -146,6 +152,9 @@ fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
     match start_server(allocator, pid) {
         Ok(started) => {
             let endpoint = started.endpoint;
+            // The endpoint first: a pid that matches always names its endpoint.
+            SERVING_ENDPOINT.store(endpoint, Ordering::Release);
+            SERVING_PID.store(pid, Ordering::Release);
             // A parent's server, inherited through fork: its thread is not here.
             if let Some(inherited) = server.replace(started) {
                 std::mem::forget(inherited.thread);
@@ -416,7 +425,8 @@ pub unsafe fn open_mem_handle(out: *mut u64, handle: &IpcMemHandle, flags: c_uin
     if out.is_null() || flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
         return real(); // refuses the arguments as it refuses them natively
     }
-    if handle.pid == std::process::id() && try_lock(&SERVER).is_some_and(|s| s.as_ref().is_some_and(|s| s.endpoint == handle.endpoint)) {
+    let pid = std::process::id();
+    if handle.pid == pid && SERVING_PID.load(Ordering::Acquire) == pid && SERVING_ENDPOINT.load(Ordering::Acquire) == handle.endpoint {
         return INVALID_CONTEXT;
     }
     match import(&handle) {
