@@ -98,7 +98,7 @@ impl Exports {
     /// is the live allocation that export named.
     pub fn lease(&self, map: &PointerMap, base: u64, secret: &Secret) -> Option<Block> {
         let mut table = lock(&self.table);
-        let export = table.get_mut(&base).filter(|export| export.held.is_none() && export.secret == *secret)?;
+        let export = table.get_mut(&base).filter(|export| export.held.is_none() && same_secret(&export.secret, secret))?;
         // Checked under the table's lock: a free marks the block pending
         // before it takes the lock, so it either sees this lease or it is seen.
         let block = map.live_shared_block(base)?;
@@ -134,6 +134,13 @@ impl Exports {
         }
         table.remove(&base).and_then(|export| export.held)
     }
+}
+
+/// Whether two secrets are equal, in a time that does not depend on where
+/// they differ (an early exit would tell a guesser how many bytes it got).
+fn same_secret(a: &Secret, b: &Secret) -> bool {
+    let difference = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(difference) == 0
 }
 
 #[cfg(test)]
@@ -175,6 +182,9 @@ mod tests {
         map.insert(0x1000, B);
         let (secret, _) = exports.export(&map, 0x1000, || Some([9; 32])).unwrap();
         assert_eq!(exports.lease(&map, 0x1000, &[8; 32]), None, "a forged secret");
+        let mut last_byte_wrong = [9; 32];
+        last_byte_wrong[31] = 8;
+        assert_eq!(exports.lease(&map, 0x1000, &last_byte_wrong), None, "one byte off");
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
         assert_eq!(exports.lease_ended(0x1000), None, "not freed: nothing to do");
