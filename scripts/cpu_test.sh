@@ -453,6 +453,8 @@ for procaddr in 0 1; do
 held while the importer has it open: yes
 importer exit status 0
 freed once the importer closed it: yes
+leaver exit status 0
+freed once the importer exited without closing it: yes
 open the handle of a freed block: 1
 exporter exit status 0
 open the handle of an exited exporter: 400'

@@ -6,7 +6,10 @@
  * address), closes (one too many refused), a forged and an all-zero handle;
  * a held block: freed by the exporter while the child has it open, it is not
  * handed out again, and the shim frees it once the child has closed it; the
- * handle of a freed block; the handle of an exporter that has exited. A
+ * handle of a freed block; handles forged in the secret only (while the
+ * child has the genuine one open), and one block's base with another's
+ * secret; a child that exits without closing: the block it held is freed;
+ * the handle of an exporter that has exited. A
  * program's child started after an import inherits no descriptor of the
  * pool (the double's export gives one without close-on-exec: /dev/null). */
 #include "common.h"
@@ -45,7 +48,7 @@ static int finish(pid_t pid) {
 
 /* Opens, checks the codes, holds the block until told, then closes it. */
 static int importer(const char *hex) {
-  cudaIpcMemHandle_t h = from_hex(hex);
+  cudaIpcMemHandle_t h = from_hex(hex), other = from_hex(hex + 2 * sizeof h);
   void *p = NULL, *q = NULL;
   EXPECT(cudaIpcOpenMemHandle(&p, h, 2), 1);
   EXPECT(cudaGetLastError(), 1);
@@ -57,6 +60,13 @@ static int importer(const char *hex) {
   void *r = (void *)0x1;
   EXPECT(cudaIpcOpenMemHandle(&r, forged, 0), 1);
   CHECK(r == (void *)0x1);
+  forged = h;
+  forged.reserved[40] ^= 1; /* the secret only: the exporter is reached and refuses */
+  EXPECT(cudaIpcOpenMemHandle(&r, forged, 0), 1);
+  forged = h;
+  memcpy(forged.reserved + 32, other.reserved + 32, 32); /* another block's secret */
+  EXPECT(cudaIpcOpenMemHandle(&r, forged, 0), 1);
+  CHECK(r == (void *)0x1);
   memset(&forged, 0, sizeof forged);
   EXPECT(cudaIpcOpenMemHandle(&r, forged, 0), 1);
   EXPECT(cudaIpcCloseMemHandle(p), 0);
@@ -66,6 +76,16 @@ static int importer(const char *hex) {
   EXPECT(cudaIpcCloseMemHandle(q), 0);
   EXPECT(cudaIpcCloseMemHandle(q), 1);
   EXPECT(cudaIpcCloseMemHandle((void *)0x1000), 1);
+  return check_failures ? 1 : 0;
+}
+
+/* Opens the handle, says so, waits for the word to go on, exits without closing. */
+static int leaver(const char *hex) {
+  void *p = NULL;
+  EXPECT(cudaIpcOpenMemHandle(&p, from_hex(hex), 0), 0);
+  char byte = 'o';
+  CHECK(write(1, &byte, 1) == 1);
+  CHECK(read(0, &byte, 1) == 1);
   return check_failures ? 1 : 0;
 }
 
@@ -126,9 +146,27 @@ static int inherited_by_child(void) {
   return atoi(count);
 }
 
+/* Whether the block at p, freed by the program while leased, is freed for
+ * real once the lease has ended: the server sees the end on its own thread,
+ * so the next allocations (which issue the frees it queued) are retried. */
+static int freed_once_released(void *p) {
+  struct fakecuda_ptr_info info;
+  for (int attempt = 0; attempt < 200; attempt++) {
+    void *next = NULL;
+    CHECK_CUDA(cudaMalloc(&next, MiB));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    int live = fakecuda_ptr_info(p, &info) && info.base == (uintptr_t)p;
+    CHECK_CUDA(cudaFree(next));
+    if (!live || next == p) return 1;
+    usleep(10000);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "importer") == 0) return importer(argv[2]);
   if (argc == 3 && strcmp(argv[1], "opener") == 0) return opener(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "leaver") == 0) return leaver(argv[2]);
   if (argc == 3 && strcmp(argv[1], "exporter") == 0) return exiting_exporter();
   if (argc == 3 && strcmp(argv[1], "inherited") == 0) return inherited();
   under_shim();
@@ -144,8 +182,13 @@ int main(int argc, char **argv) {
   EXPECT(cudaGetLastError(), 201);
   CHECK(self == (void *)0x1);
 
-  char hex[129];
+  void *other = NULL;
+  cudaIpcMemHandle_t other_handle;
+  CHECK_CUDA(cudaMalloc(&other, MiB));
+  CHECK_CUDA(cudaIpcGetMemHandle(&other_handle, other));
+  char hex[257];
   to_hex(&h, hex);
+  to_hex(&other_handle, hex + 2 * sizeof h);
   int to_child[2], from_child[2];
   CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
   pid_t pid = start("importer", hex, to_child[0], from_child[1]);
@@ -172,15 +215,33 @@ int main(int argc, char **argv) {
   printf("held while the importer has it open: %s\n", !reused && fakecuda_ptr_info(p, &info) ? "yes" : "no");
   CHECK(write(to_child[1], "g", 1) == 1);
   printf("importer exit status %d\n", finish(pid));
+  close(to_child[1]);
+  close(from_child[0]);
   for (int i = 0; i < 8; i++) CHECK_CUDA(cudaFree(others[i]));
+  CHECK_CUDA(cudaFree(other));
   CHECK_CUDA(cudaDeviceSynchronize());
-  void *next = NULL;
-  CHECK_CUDA(cudaMalloc(&next, MiB)); /* issues the free the lease held back */
-  CHECK_CUDA(cudaDeviceSynchronize());
-  int live = fakecuda_ptr_info(p, &info) && info.base == (uintptr_t)p;
-  printf("freed once the importer closed it: %s\n", !live || next == p ? "yes" : "no");
-  CHECK(!live || next == p);
-  CHECK_CUDA(cudaFree(next));
+  int freed_then = freed_once_released(p);
+  printf("freed once the importer closed it: %s\n", freed_then ? "yes" : "no");
+  CHECK(freed_then);
+
+  void *left = NULL;
+  CHECK_CUDA(cudaMalloc(&left, MiB));
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, left));
+  to_hex(&h, hex);
+  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+  pid = start("leaver", hex, to_child[0], from_child[1]);
+  close(to_child[0]);
+  close(from_child[1]);
+  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  CHECK_CUDA(cudaFree(left)); /* held: the leaver has it open */
+  CHECK(fakecuda_ptr_info(left, &info) == 1);
+  CHECK(write(to_child[1], "g", 1) == 1);
+  printf("leaver exit status %d\n", finish(pid));
+  close(to_child[1]);
+  close(from_child[0]);
+  freed_then = freed_once_released(left);
+  printf("freed once the importer exited without closing it: %s\n", freed_then ? "yes" : "no");
+  CHECK(freed_then);
 
   void *freed = NULL;
   CHECK_CUDA(cudaMalloc(&freed, 3 * MiB));

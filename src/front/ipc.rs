@@ -411,8 +411,12 @@ struct Imported {
     _connection: UnixStream,
 }
 
-/// Imported blocks by (exporter endpoint, base address in the exporter).
-static IMPORTS: Mutex<Option<HashMap<(u64, u64), Imported>>> = Mutex::new(None);
+/// An imported block's (exporter endpoint, base address in the exporter,
+/// secret): a handle opens an existing mapping only if it names the same
+/// export, secret included, as the exporter would check.
+type ImportKey = (u64, u64, Secret);
+
+static IMPORTS: Mutex<Option<HashMap<ImportKey, Imported>>> = Mutex::new(None);
 
 /// Whether this process ever imported a block (skips the lock for the real closes).
 static IMPORTED_ANY: AtomicBool = AtomicBool::new(false);
@@ -454,7 +458,7 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     let device = driver.current_device().map_err(|e| Refused::Driver(e.0))?;
     let mut imports = lock(&IMPORTS);
     let imports = imports.get_or_insert_with(HashMap::new);
-    if let Some(open) = imports.get_mut(&(handle.endpoint, handle.base)) {
+    if let Some(open) = imports.get_mut(&(handle.endpoint, handle.base, handle.secret)) {
         open.opens += 1; // as the real call: the same address, counted
         return Ok(open.ptr);
     }
@@ -477,7 +481,7 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     let pool_fd = pool_fd.filter(|_| n == REPLY_LEN && reply[..4] == [0; 4]).ok_or(Refused::Invalid)?;
     let data: PointerExport = reply[4..].try_into().map_err(|_| Refused::Invalid)?;
     let ptr = import_block(driver, pool_fd, device, &data).map_err(|e| Refused::Driver(e.0))?;
-    imports.insert((handle.endpoint, handle.base), Imported { ptr, opens: 1, _connection: connection });
+    imports.insert((handle.endpoint, handle.base, handle.secret), Imported { ptr, opens: 1, _connection: connection });
     IMPORTED_ANY.store(true, Ordering::Release);
     Ok(ptr)
 }
