@@ -9,7 +9,8 @@
  * handle of a freed block; handles forged in the secret only (while the
  * child has the genuine one open), and one block's base with another's
  * secret; a child that exits without closing: the block it held is freed;
- * the handle of an exporter that has exited. A
+ * one held across a device reset, whose lease ends after it: nothing of the
+ * new pool is freed; the handle of an exporter that has exited. A
  * program's child started after an import inherits no descriptor of the
  * pool (the double's export gives one without close-on-exec: /dev/null). */
 #include "common.h"
@@ -242,6 +243,38 @@ int main(int argc, char **argv) {
   freed_then = freed_once_released(left);
   printf("freed once the importer exited without closing it: %s\n", freed_then ? "yes" : "no");
   CHECK(freed_then);
+
+  /* A block held for an importer when the device is reset: it went with the
+   * pool; the lease's end later must free nothing of the new pool's. */
+  void *before_reset = NULL;
+  CHECK_CUDA(cudaMalloc(&before_reset, MiB));
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, before_reset));
+  to_hex(&h, hex);
+  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+  pid = start("leaver", hex, to_child[0], from_child[1]);
+  close(to_child[0]);
+  close(from_child[1]);
+  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  CHECK_CUDA(cudaFree(before_reset));
+  CHECK_CUDA(cudaDeviceReset());
+  void *after_reset = NULL;
+  CHECK_CUDA(cudaMalloc(&after_reset, MiB));
+  CHECK(write(to_child[1], "g", 1) == 1);
+  printf("leaver across a reset exit status %d\n", finish(pid));
+  close(to_child[1]);
+  close(from_child[0]);
+  int intact = 1;
+  for (int attempt = 0; attempt < 20; attempt++) { /* the server sees the lease end on its own */
+    void *next = NULL;
+    CHECK_CUDA(cudaMalloc(&next, MiB));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    intact &= fakecuda_ptr_info(after_reset, &info) == 1;
+    CHECK_CUDA(cudaFree(next));
+    usleep(10000);
+  }
+  printf("a block of the new pool intact when the lease ends: %s\n", intact ? "yes" : "no");
+  CHECK(intact);
+  CHECK_CUDA(cudaFree(after_reset));
 
   void *freed = NULL;
   CHECK_CUDA(cudaMalloc(&freed, 3 * MiB));

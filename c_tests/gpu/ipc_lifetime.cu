@@ -8,7 +8,9 @@
  * of the same size at once (under the shim, with only blocking streams, the
  * same memory, reused in the legacy stream's order) and exports it: the
  * importer's writes must come after that kernel's (natively the free waited
- * for it), so the exporter finds them after syncing its own stream. */
+ * for it), so the exporter finds them after syncing its own stream.
+ * (4) After a device reset (the pool the importers were given is gone) a
+ * new block is exported and an importer reads it. */
 #include "ipc_common.h"
 
 #define WORDS (1024 * 1024)
@@ -135,6 +137,22 @@ int main(int argc, char **argv) {
     CHECK_CUDA(cudaFree(p));
   }
   printf("allocations after the leaver's exit correct: %s\n", after ? "yes" : "no");
+
+  CHECK_CUDA(cudaDeviceReset());
+  void *renewed = filled_block(11);
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, renewed));
+  handle_to_hex(&h, hex);
+  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+  pid = start_child(argv[0], "reader", hex, to_child[0], from_child[1]);
+  close(to_child[0]);
+  close(from_child[1]);
+  byte = 0;
+  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  CHECK(write(to_child[1], "g", 1) == 1);
+  CHECK(read(from_child[0], &byte, 1) == 1);
+  printf("importer read a block exported after a device reset: %s\n", byte == 'y' ? "yes" : "no");
+  printf("reader after the reset exit status %d\n", wait_child(pid));
+  CHECK_CUDA(cudaFree(renewed));
   CHECK_CUDA(cudaFree(NULL));
   print_pooled();
   return report();

@@ -69,6 +69,8 @@ pub struct Exports {
 
 struct Export {
     secret: Secret,
+    /// The device whose pool holds the block: a reset of it ends the export.
+    device: i32,
     leases: u32,
     /// Freed by the program while leased: freed for real after the last lease.
     held: Option<Block>,
@@ -87,7 +89,7 @@ impl Exports {
             // (Without a secret it stays marked shared and unexported: a later export draws one.)
             _ => {
                 let secret = new_secret()?;
-                table.insert(base, Export { secret, leases: 0, held: None });
+                table.insert(base, Export { secret, device: block.device, leases: 0, held: None });
                 secret
             }
         };
@@ -123,16 +125,26 @@ impl Exports {
         }
     }
 
-    /// A lease on `base` ended: the block to free now, if the program freed
-    /// it while leased and this was its last lease.
-    pub fn lease_ended(&self, base: u64) -> Option<Block> {
+    /// A lease on `base` under `secret` ended: the block to free now, if
+    /// the program freed it while leased and this was its last lease. A
+    /// lease of an earlier export at the address (gone with a device reset)
+    /// touches nothing: a new export there has another secret.
+    pub fn lease_ended(&self, base: u64, secret: &Secret) -> Option<Block> {
         let mut table = lock(&self.table);
-        let export = table.get_mut(&base)?;
+        let export = table.get_mut(&base).filter(|export| same_secret(&export.secret, secret))?;
         export.leases = export.leases.saturating_sub(1);
         if export.leases > 0 || export.held.is_none() {
             return None;
         }
         table.remove(&base).and_then(|export| export.held)
+    }
+}
+
+impl Exports {
+    /// Device `ordinal` is reset: its blocks, held ones included, went with
+    /// its pool, and their addresses may be handed out again by a new one.
+    pub fn forget_device(&self, ordinal: i32) {
+        lock(&self.table).retain(|_, export| export.device != ordinal);
     }
 }
 
@@ -187,11 +199,30 @@ mod tests {
         assert_eq!(exports.lease(&map, 0x1000, &last_byte_wrong), None, "one byte off");
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
-        assert_eq!(exports.lease_ended(0x1000), None, "not freed: nothing to do");
+        assert_eq!(exports.lease_ended(0x1000, &secret), None, "not freed: nothing to do");
         assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
         assert!(exports.freed(0x1000, B), "leased: held");
         assert_eq!(exports.lease(&map, 0x1000, &secret), None, "freed: no new lease");
-        assert_eq!(exports.lease_ended(0x1000), Some(B), "the last lease frees it");
-        assert_eq!(exports.lease_ended(0x1000), None);
+        assert_eq!(exports.lease_ended(0x1000, &secret), Some(B), "the last lease frees it");
+        assert_eq!(exports.lease_ended(0x1000, &secret), None);
+    }
+
+    #[test]
+    fn a_reset_ends_the_device_exports_and_their_old_leases_touch_no_new_one() {
+        let (map, exports) = (PointerMap::default(), Exports::default());
+        map.insert(0x1000, B);
+        let (old, _) = exports.export(&map, 0x1000, || Some([1; 32])).unwrap();
+        assert_eq!(exports.lease(&map, 0x1000, &old), Some(B));
+        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
+        assert!(exports.freed(0x1000, B), "leased: held");
+        exports.forget_device(0);
+        map.take_device(0);
+        map.insert(0x1000, B); // the new pool hands the address out again
+        assert_eq!(exports.lease_ended(0x1000, &old), None, "the held block went with the reset");
+        let (new, _) = exports.export(&map, 0x1000, || Some([2; 32])).unwrap();
+        assert_eq!(exports.lease(&map, 0x1000, &new), Some(B));
+        assert_eq!(exports.lease_ended(0x1000, &old), None, "an old lease");
+        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
+        assert!(exports.freed(0x1000, B), "the new lease still holds it");
     }
 }

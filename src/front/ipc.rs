@@ -203,13 +203,14 @@ pub fn stop_server() {
 struct Lease {
     connection: UnixStream,
     base: u64,
+    secret: Secret,
 }
 
 /// The server thread: answers requests and watches leases until woken.
 /// It holds no lock of the shim's across its driver calls.
 fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32, endpoint: u64) {
     let mut leases: Vec<Lease> = Vec::new();
-    let mut pool_fds: HashMap<usize, OwnedFd> = HashMap::new();
+    let mut pool_fds: HashMap<i32, ExportedPool> = HashMap::new();
     loop {
         let mut polled: Vec<libc::pollfd> = [wake.as_raw_fd(), listener.as_raw_fd()]
             .into_iter()
@@ -232,7 +233,7 @@ fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32,
         for index in (0..leases.len()).rev() {
             if polled[index + 2].revents != 0 && connection_closed(&mut leases[index].connection) {
                 let lease = leases.swap_remove(index);
-                allocator.lease_ended(lease.base);
+                allocator.lease_ended(lease.base, &lease.secret);
             }
         }
         if polled[1].revents != 0 {
@@ -260,7 +261,7 @@ fn connection_closed(connection: &mut UnixStream) -> bool {
 const REPLY_LEN: usize = 4 + 64;
 
 /// Answers one request; the lease if one was granted.
-fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint: u64, pool_fds: &mut HashMap<usize, OwnedFd>) -> Option<Lease> {
+fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint: u64, pool_fds: &mut HashMap<i32, ExportedPool>) -> Option<Lease> {
     // SAFETY: geteuid has no preconditions.
     if peer_uid(&connection) != Some(unsafe { libc::geteuid() }) {
         return None; // another user's process: not even an answer
@@ -275,40 +276,48 @@ fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint:
         .and_then(|handle| {
             let block = allocator.lease(handle.base, &handle.secret)?;
             match export_block(allocator, handle.base, block.device, pool_fds) {
-                Some(granted) => Some((handle.base, granted)),
+                Some(granted) => Some((handle.base, handle.secret, granted)),
                 None => {
-                    allocator.lease_ended(handle.base);
+                    allocator.lease_ended(handle.base, &handle.secret);
                     None
                 }
             }
         });
-    let Some((base, (pool_fd, data))) = granted else {
+    let Some((base, secret, (pool_fd, data))) = granted else {
         let _ = send_all(&connection, &1u32.to_le_bytes());
         return None;
     };
     let mut reply = [0u8; REPLY_LEN];
     reply[4..].copy_from_slice(&data);
     if send_with_fd(&connection, &reply, pool_fd).is_err() || connection.set_nonblocking(true).is_err() {
-        allocator.lease_ended(base);
+        allocator.lease_ended(base, &secret);
         return None;
     }
-    Some(Lease { connection, base })
+    Some(Lease { connection, base, secret })
+}
+
+/// A device's pool as the server exported it: the descriptor serves only
+/// while the device's context is the one it was exported in (a reset
+/// destroys the pool, and a new one may have the same handle value).
+struct ExportedPool {
+    context_id: u64,
+    fd: OwnedFd,
 }
 
 /// The pool's descriptor (exported once per pool, before any of its blocks)
 /// and the block's export data.
-fn export_block(allocator: &Allocator, base: u64, device: i32, pool_fds: &mut HashMap<usize, OwnedFd>) -> Option<(RawFd, PointerExport)> {
+fn export_block(allocator: &Allocator, base: u64, device: i32, pool_fds: &mut HashMap<i32, ExportedPool>) -> Option<(RawFd, PointerExport)> {
     let driver = driver::loaded()?;
-    let (pool, context) = allocator.shareable_pool(device)?;
+    let (pool, context, context_id) = allocator.shareable_pool(device)?;
     let exported = driver.with_context(context, || -> Result<_, crate::cuda::gpu::CuError> {
         // The pool first: the driver exports blocks only of a pool already
         // shared (measured: the block's export refuses with invalid value before).
-        let fd = match pool_fds.get(&(pool.0 as usize)) {
-            Some(fd) => fd.as_raw_fd(),
+        let fd = match pool_fds.get(&device).filter(|exported| exported.context_id == context_id) {
+            Some(exported) => exported.fd.as_raw_fd(),
             None => {
                 let fd = driver.export_pool(pool)?;
                 let raw = fd.as_raw_fd();
-                pool_fds.insert(pool.0 as usize, fd);
+                pool_fds.insert(device, ExportedPool { context_id, fd }); // a stale one closes
                 raw
             }
         };
