@@ -28,7 +28,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -46,8 +46,15 @@ const INVALID_CONTEXT: u32 = 201;
 const INVALID_HANDLE: u32 = 400;
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag the real open accepts.
 const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
-/// How long either side waits for the other's message.
+/// How long the importer waits for the exporter's answer (which includes
+/// the exporter's driver calls).
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the server waits for a request, sent at once after connecting:
+/// short, since every other request and lease waits meanwhile.
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long the server rests after a failed accept (out of descriptors,
+/// say), which leaves the listener readable: not a busy loop.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 // ---- export -------------------------------------------------------------------
 
@@ -206,6 +213,11 @@ struct Lease {
     secret: Secret,
 }
 
+/// Held by the server thread while it handles what poll reported, and by a
+/// forking thread across `fork`: the child then inherits none of the locks
+/// a step takes (exports table, pointer map, deferred frees).
+static SERVER_STEP: Mutex<()> = Mutex::new(());
+
 /// The server thread: answers requests and watches leases until woken.
 /// It holds no lock of the shim's across its driver calls.
 fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32, endpoint: u64) {
@@ -229,6 +241,7 @@ fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32,
         if polled[0].revents != 0 {
             return;
         }
+        let _step = lock(&SERVER_STEP);
         // Leases whose importer closed (or exited): end them, newest first so indices hold.
         for index in (0..leases.len()).rev() {
             if polled[index + 2].revents != 0 && connection_closed(&mut leases[index].connection) {
@@ -237,9 +250,16 @@ fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32,
             }
         }
         if polled[1].revents != 0 {
-            while let Ok((connection, _)) = listener.accept() {
-                if let Some(lease) = answer(allocator, connection, pid, endpoint, &mut pool_fds) {
-                    leases.push(lease);
+            loop {
+                match listener.accept() {
+                    Ok((connection, _)) => leases.extend(answer(allocator, connection, pid, endpoint, &mut pool_fds)),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        log::debug!("CUDA IPC: accept: {e}");
+                        std::thread::sleep(ACCEPT_BACKOFF);
+                        break;
+                    }
                 }
             }
         }
@@ -267,8 +287,8 @@ fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint:
         return None; // another user's process: not even an answer
     }
     connection.set_nonblocking(false).ok()?;
-    connection.set_read_timeout(Some(EXCHANGE_TIMEOUT)).ok()?;
-    connection.set_write_timeout(Some(EXCHANGE_TIMEOUT)).ok()?;
+    connection.set_read_timeout(Some(REQUEST_TIMEOUT)).ok()?;
+    connection.set_write_timeout(Some(REQUEST_TIMEOUT)).ok()?;
     let mut request = [0u8; 64];
     connection.read_exact(&mut request).ok()?;
     let granted = IpcHandle::decode(&request)
@@ -529,11 +549,25 @@ pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     SUCCESS
 }
 
-/// In a forked child: the parent's leases are not the child's to hold (a
-/// copy of a connection would keep the exporter's block held).
-pub fn after_fork_in_child() {
-    if let Some(mut imports) = try_lock(&IMPORTS) {
-        *imports = None;
+/// The IPC locks, held by the forking thread across `fork`.
+pub struct ForkPause {
+    _server: MutexGuard<'static, Option<Server>>,
+    _step: MutexGuard<'static, ()>,
+    imports: MutexGuard<'static, Option<HashMap<ImportKey, Imported>>>,
+}
+
+/// Before `fork`: no server starting, no server step under way and no
+/// import or close in progress (one holds `IMPORTS` across its exchange),
+/// so the child inherits no IPC lock held by a thread it will not have.
+pub fn before_fork() -> ForkPause {
+    ForkPause { _server: lock(&SERVER), _step: lock(&SERVER_STEP), imports: lock(&IMPORTS) }
+}
+
+impl ForkPause {
+    /// In a forked child: the parent's leases are not the child's to hold (a
+    /// copy of a connection would keep the exporter's block held).
+    pub fn in_child(mut self) {
+        *self.imports = None;
+        IMPORTED_ANY.store(false, Ordering::Release);
     }
-    IMPORTED_ANY.store(false, Ordering::Release);
 }
