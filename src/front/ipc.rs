@@ -149,12 +149,19 @@ static SERVER: Mutex<Option<Server>> = Mutex::new(None);
 static SERVING_PID: AtomicU32 = AtomicU32::new(0);
 static SERVING_ENDPOINT: AtomicU64 = AtomicU64::new(0);
 
+/// The pid of a process whose server could not start: its exports pass
+/// through from then on, without a new attempt (and warning) each time.
+static FAILED_PID: AtomicU32 = AtomicU32::new(0);
+
 /// The endpoint of this process's server, started on first use.
 fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
     let mut server = lock(&SERVER);
     let pid = std::process::id();
     if let Some(running) = server.as_ref().filter(|s| s.pid == pid) {
         return Some(running.endpoint);
+    }
+    if FAILED_PID.load(Ordering::Relaxed) == pid {
+        return None;
     }
     match start_server(allocator, pid) {
         Ok(started) => {
@@ -170,6 +177,7 @@ fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
         }
         Err(e) => {
             log::warn!("CUDA IPC: cannot start the shim's IPC server ({e}): handles of pool memory pass through");
+            FAILED_PID.store(pid, Ordering::Relaxed);
             None
         }
     }
