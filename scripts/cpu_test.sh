@@ -449,9 +449,14 @@ for procaddr in 0 1; do
   wanted "$name" || continue
   next_key
   run shim "$KEY" "$BIN/ipc" FAKECUDA_RT_PROCADDR=$procaddr
-  expected='held while the importer has it open: yes
+  expected='pool descriptors a child inherits: 0
+held while the importer has it open: yes
 importer exit status 0
 freed once the importer closed it: yes
+leaver exit status 0
+freed once the importer exited without closing it: yes
+leaver across a reset exit status 0
+a block of the new pool intact when the lease ends: yes
 open the handle of a freed block: 1
 exporter exit status 0
 open the handle of an exited exporter: 400'

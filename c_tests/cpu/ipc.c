@@ -6,7 +6,13 @@
  * address), closes (one too many refused), a forged and an all-zero handle;
  * a held block: freed by the exporter while the child has it open, it is not
  * handed out again, and the shim frees it once the child has closed it; the
- * handle of a freed block; the handle of an exporter that has exited. */
+ * handle of a freed block; handles forged in the secret only (while the
+ * child has the genuine one open), and one block's base with another's
+ * secret; a child that exits without closing: the block it held is freed;
+ * one held across a device reset, whose lease ends after it: nothing of the
+ * new pool is freed; the handle of an exporter that has exited. A
+ * program's child started after an import inherits no descriptor of the
+ * pool (the double's export gives one without close-on-exec: /dev/null). */
 #include "common.h"
 
 #include <sys/wait.h>
@@ -43,7 +49,7 @@ static int finish(pid_t pid) {
 
 /* Opens, checks the codes, holds the block until told, then closes it. */
 static int importer(const char *hex) {
-  cudaIpcMemHandle_t h = from_hex(hex);
+  cudaIpcMemHandle_t h = from_hex(hex), other = from_hex(hex + 2 * sizeof h);
   void *p = NULL, *q = NULL;
   EXPECT(cudaIpcOpenMemHandle(&p, h, 2), 1);
   EXPECT(cudaGetLastError(), 1);
@@ -53,6 +59,13 @@ static int importer(const char *hex) {
   cudaIpcMemHandle_t forged = h;
   for (size_t i = 16; i < sizeof forged; i++) forged.reserved[i] ^= 0x5a;
   void *r = (void *)0x1;
+  EXPECT(cudaIpcOpenMemHandle(&r, forged, 0), 1);
+  CHECK(r == (void *)0x1);
+  forged = h;
+  forged.reserved[40] ^= 1; /* the secret only: the exporter is reached and refuses */
+  EXPECT(cudaIpcOpenMemHandle(&r, forged, 0), 1);
+  forged = h;
+  memcpy(forged.reserved + 32, other.reserved + 32, 32); /* another block's secret */
   EXPECT(cudaIpcOpenMemHandle(&r, forged, 0), 1);
   CHECK(r == (void *)0x1);
   memset(&forged, 0, sizeof forged);
@@ -67,10 +80,33 @@ static int importer(const char *hex) {
   return check_failures ? 1 : 0;
 }
 
+/* Opens the handle, says so, waits for the word to go on, exits without closing. */
+static int leaver(const char *hex) {
+  void *p = NULL;
+  EXPECT(cudaIpcOpenMemHandle(&p, from_hex(hex), 0), 0);
+  char byte = 'o';
+  CHECK(write(1, &byte, 1) == 1);
+  CHECK(read(0, &byte, 1) == 1);
+  return check_failures ? 1 : 0;
+}
+
 static int opener(const char *hex) {
   void *p = (void *)0x1;
   int rc = cudaIpcOpenMemHandle(&p, from_hex(hex), 0);
   printf("%d\n", rc);
+  return 0;
+}
+
+/* Prints how many descriptors above stderr this process inherited that
+ * open /dev/null (the double's pool descriptors). */
+static int inherited(void) {
+  int count = 0;
+  for (int fd = 3; fd < 1024; fd++) {
+    char link[64], target[64] = {0};
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    count += readlink(link, target, sizeof target - 1) > 0 && strcmp(target, "/dev/null") == 0;
+  }
+  printf("%d\n", count);
   return 0;
 }
 
@@ -98,11 +134,44 @@ static int open_in_child(const char *hex) {
   return atoi(line);
 }
 
+/* How many /dev/null descriptors a child started now inherits. */
+static int inherited_by_child(void) {
+  int out[2];
+  CHECK(pipe(out) == 0);
+  pid_t pid = start("inherited", "-", -1, out[1]);
+  close(out[1]);
+  char count[16] = {0};
+  CHECK(read(out[0], count, sizeof count - 1) > 0);
+  close(out[0]);
+  CHECK(finish(pid) == 0);
+  return atoi(count);
+}
+
+/* Whether the block at p, freed by the program while leased, is freed for
+ * real once the lease has ended: the server sees the end on its own thread,
+ * so the next allocations (which issue the frees it queued) are retried. */
+static int freed_once_released(void *p) {
+  struct fakecuda_ptr_info info;
+  for (int attempt = 0; attempt < 200; attempt++) {
+    void *next = NULL;
+    CHECK_CUDA(cudaMalloc(&next, MiB));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    int live = fakecuda_ptr_info(p, &info) && info.base == (uintptr_t)p;
+    CHECK_CUDA(cudaFree(next));
+    if (!live || next == p) return 1;
+    usleep(10000);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "importer") == 0) return importer(argv[2]);
   if (argc == 3 && strcmp(argv[1], "opener") == 0) return opener(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "leaver") == 0) return leaver(argv[2]);
   if (argc == 3 && strcmp(argv[1], "exporter") == 0) return exiting_exporter();
+  if (argc == 3 && strcmp(argv[1], "inherited") == 0) return inherited();
   under_shim();
+  int inherited_before = inherited_by_child();
   void *p = NULL;
   CHECK_CUDA(cudaMalloc(&p, MiB));
   cudaIpcMemHandle_t h, interior;
@@ -114,8 +183,13 @@ int main(int argc, char **argv) {
   EXPECT(cudaGetLastError(), 201);
   CHECK(self == (void *)0x1);
 
-  char hex[129];
+  void *other = NULL;
+  cudaIpcMemHandle_t other_handle;
+  CHECK_CUDA(cudaMalloc(&other, MiB));
+  CHECK_CUDA(cudaIpcGetMemHandle(&other_handle, other));
+  char hex[257];
   to_hex(&h, hex);
+  to_hex(&other_handle, hex + 2 * sizeof h);
   int to_child[2], from_child[2];
   CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
   pid_t pid = start("importer", hex, to_child[0], from_child[1]);
@@ -123,6 +197,10 @@ int main(int argc, char **argv) {
   close(from_child[1]);
   char byte = 0;
   CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  int out[2];
+  int pool_descriptors = inherited_by_child() - inherited_before;
+  printf("pool descriptors a child inherits: %d\n", pool_descriptors);
+  CHECK(pool_descriptors == 0);
   CHECK_CUDA(cudaFree(p));
   EXPECT(cudaFree(p), 1); /* held: still a double free */
   cudaGetLastError();
@@ -138,15 +216,65 @@ int main(int argc, char **argv) {
   printf("held while the importer has it open: %s\n", !reused && fakecuda_ptr_info(p, &info) ? "yes" : "no");
   CHECK(write(to_child[1], "g", 1) == 1);
   printf("importer exit status %d\n", finish(pid));
+  close(to_child[1]);
+  close(from_child[0]);
   for (int i = 0; i < 8; i++) CHECK_CUDA(cudaFree(others[i]));
+  CHECK_CUDA(cudaFree(other));
   CHECK_CUDA(cudaDeviceSynchronize());
-  void *next = NULL;
-  CHECK_CUDA(cudaMalloc(&next, MiB)); /* issues the free the lease held back */
-  CHECK_CUDA(cudaDeviceSynchronize());
-  int live = fakecuda_ptr_info(p, &info) && info.base == (uintptr_t)p;
-  printf("freed once the importer closed it: %s\n", !live || next == p ? "yes" : "no");
-  CHECK(!live || next == p);
-  CHECK_CUDA(cudaFree(next));
+  int freed_then = freed_once_released(p);
+  printf("freed once the importer closed it: %s\n", freed_then ? "yes" : "no");
+  CHECK(freed_then);
+
+  void *left = NULL;
+  CHECK_CUDA(cudaMalloc(&left, MiB));
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, left));
+  to_hex(&h, hex);
+  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+  pid = start("leaver", hex, to_child[0], from_child[1]);
+  close(to_child[0]);
+  close(from_child[1]);
+  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  CHECK_CUDA(cudaFree(left)); /* held: the leaver has it open */
+  CHECK(fakecuda_ptr_info(left, &info) == 1);
+  CHECK(write(to_child[1], "g", 1) == 1);
+  printf("leaver exit status %d\n", finish(pid));
+  close(to_child[1]);
+  close(from_child[0]);
+  freed_then = freed_once_released(left);
+  printf("freed once the importer exited without closing it: %s\n", freed_then ? "yes" : "no");
+  CHECK(freed_then);
+
+  /* A block held for an importer when the device is reset: it went with the
+   * pool; the lease's end later must free nothing of the new pool's. */
+  void *before_reset = NULL;
+  CHECK_CUDA(cudaMalloc(&before_reset, MiB));
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, before_reset));
+  to_hex(&h, hex);
+  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+  pid = start("leaver", hex, to_child[0], from_child[1]);
+  close(to_child[0]);
+  close(from_child[1]);
+  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  CHECK_CUDA(cudaFree(before_reset));
+  CHECK_CUDA(cudaDeviceReset());
+  void *after_reset = NULL;
+  CHECK_CUDA(cudaMalloc(&after_reset, MiB));
+  CHECK(write(to_child[1], "g", 1) == 1);
+  printf("leaver across a reset exit status %d\n", finish(pid));
+  close(to_child[1]);
+  close(from_child[0]);
+  int intact = 1;
+  for (int attempt = 0; attempt < 20; attempt++) { /* the server sees the lease end on its own */
+    void *next = NULL;
+    CHECK_CUDA(cudaMalloc(&next, MiB));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    intact &= fakecuda_ptr_info(after_reset, &info) == 1;
+    CHECK_CUDA(cudaFree(next));
+    usleep(10000);
+  }
+  printf("a block of the new pool intact when the lease ends: %s\n", intact ? "yes" : "no");
+  CHECK(intact);
+  CHECK_CUDA(cudaFree(after_reset));
 
   void *freed = NULL;
   CHECK_CUDA(cudaMalloc(&freed, 3 * MiB));
@@ -155,7 +283,6 @@ int main(int argc, char **argv) {
   to_hex(&h, hex);
   printf("open the handle of a freed block: %d\n", open_in_child(hex));
 
-  int out[2];
   CHECK(pipe(out) == 0);
   pid = start("exporter", "-", -1, out[1]);
   close(out[1]);

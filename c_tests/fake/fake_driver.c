@@ -1632,7 +1632,7 @@ CUresult cuMemPoolExportToShareableHandle(void *handle, CUmemoryPool pool, CUmem
   if (!handle || !pool || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
   LOCK();
   if (!pool->shareable) RET(CUDA_ERROR_INVALID_VALUE);
-  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int fd = open("/dev/null", O_RDONLY); /* as a driver may: without close-on-exec */
   if (fd < 0) RET(CUDA_ERROR_OUT_OF_MEMORY);
   *(int *)handle = fd;
   pool->exported = 1;

@@ -4,8 +4,9 @@
  * in a process (the same address, closed twice), a close too many, closing
  * an address that was never opened, a forged handle, an all-zero handle, a
  * NULL out-pointer, the handle of a block the exporter has freed, and the
- * handle of an exporter that has exited. Every code is printed and compared
- * with the native run. */
+ * handle of an exporter that has exited; two threads opening, reading and
+ * closing one handle at once (a close must not unmap the other's open).
+ * Every code is printed and compared with the native run. */
 #include "ipc_common.h"
 
 #define WORDS (64 * 1024)
@@ -13,6 +14,27 @@
 static void show(const char *label, cudaError_t rc) {
   cudaError_t last = cudaGetLastError();
   printf("%s: rc=%d last=%d\n", label, (int)rc, (int)last);
+}
+
+#define ROUNDS 200
+
+static cudaIpcMemHandle_t shared_handle;
+
+/* Opens the handle, reads a word and closes it, ROUNDS times; the failures. */
+static void *open_read_close(void *unused) {
+  (void)unused;
+  long failures = 0;
+  for (int i = 0; i < ROUNDS; i++) {
+    void *p = NULL;
+    unsigned word = 0;
+    failures += cudaIpcOpenMemHandle(&p, shared_handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess;
+    if (p) {
+      failures += cudaMemcpy(&word, (unsigned *)p + 7, sizeof word, cudaMemcpyDeviceToHost) != cudaSuccess;
+      failures += word != pattern(5, 7);
+      failures += cudaIpcCloseMemHandle(p) != cudaSuccess;
+    }
+  }
+  return (void *)failures;
 }
 
 static int importer(const char *hex) {
@@ -43,6 +65,14 @@ static int importer(const char *hex) {
   memset(&zero, 0, sizeof zero);
   show("open an all-zero handle", cudaIpcOpenMemHandle(&p, zero, cudaIpcMemLazyEnablePeerAccess));
   show("open with a NULL out-pointer", cudaIpcOpenMemHandle(NULL, h, cudaIpcMemLazyEnablePeerAccess));
+  shared_handle = h;
+  pthread_t other;
+  void *theirs = NULL;
+  CHECK(pthread_create(&other, NULL, open_read_close, NULL) == 0);
+  long mine = (long)open_read_close(NULL);
+  CHECK(pthread_join(other, &theirs) == 0);
+  printf("two threads opening, reading and closing at once: %s\n", mine + (long)theirs == 0 ? "all succeeded" : "failures");
+  cudaGetLastError();
   return check_failures == 0 ? 0 : 1;
 }
 

@@ -3,7 +3,14 @@
  * blocks of the same size: the importer must still read the exporter's data
  * (the memory is not reused while mapped elsewhere), then closes it.
  * (2) An importer exits without closing: the exporter frees the block and
- * goes on allocating and checking memory as before. */
+ * goes on allocating and checking memory as before.
+ * (3) The exporter frees a block a long kernel still writes, allocates one
+ * of the same size at once (under the shim, with only blocking streams, the
+ * same memory, reused in the legacy stream's order) and exports it: the
+ * importer's writes must come after that kernel's (natively the free waited
+ * for it), so the exporter finds them after syncing its own stream.
+ * (4) After a device reset (the pool the importers were given is gone) a
+ * new block is exported and an importer reads it. */
 #include "ipc_common.h"
 
 #define WORDS (1024 * 1024)
@@ -33,6 +40,21 @@ static int leaver(const char *hex) {
   return check_failures == 0 ? 0 : 1;
 }
 
+/* Opens the handle, writes 13 everywhere, syncs, says so and closes. */
+static int writer(const char *hex) {
+  void *p = NULL;
+  CHECK_CUDA(cudaIpcOpenMemHandle(&p, handle_from_hex(hex), cudaIpcMemLazyEnablePeerAccess));
+  if (p) k_set<<<grid_for(WORDS, 1024), 256>>>((unsigned *)p, WORDS, 13);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  char byte = 'w';
+  CHECK(write(1, &byte, 1) == 1);
+  if (p) CHECK_CUDA(cudaIpcCloseMemHandle(p));
+  return check_failures == 0 ? 0 : 1;
+}
+
+/* Long enough to outlast the writer's start (its process and context). */
+#define OLD_WORK_NS 3000000000ULL
+
 static void *filled_block(unsigned seed) {
   void *p = NULL;
   CHECK_CUDA(TMALLOC(&p, WORDS * 4));
@@ -44,9 +66,35 @@ static void *filled_block(unsigned seed) {
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "reader") == 0) return reader(argv[2]);
   if (argc == 3 && strcmp(argv[1], "leaver") == 0) return leaver(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "writer") == 0) return writer(argv[2]);
   CHECK_CUDA(cudaFree(NULL));
   static unsigned host[WORDS];
   char hex[2 * sizeof(cudaIpcMemHandle_t) + 1];
+
+  void *busy = filled_block(10);
+  k_write_until<<<grid_for(WORDS, 1024), 256>>>((unsigned *)busy, WORDS, 10, OLD_WORK_NS);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaFree(busy));
+  void *fresh = NULL;
+  CHECK_CUDA(TMALLOC(&fresh, WORDS * 4));
+  cudaIpcMemHandle_t fresh_handle;
+  CHECK_CUDA(cudaIpcGetMemHandle(&fresh_handle, fresh));
+  handle_to_hex(&fresh_handle, hex);
+  int from_writer[2];
+  CHECK(pipe(from_writer) == 0);
+  pid_t writer_pid = start_child(argv[0], "writer", hex, -1, from_writer[1]);
+  close(from_writer[1]);
+  char said = 0;
+  CHECK(read(from_writer[0], &said, 1) == 1 && said == 'w');
+  close(from_writer[0]);
+  printf("writer exit status %d\n", wait_child(writer_pid));
+  CHECK_CUDA(cudaStreamSynchronize(0));
+  CHECK_CUDA(cudaMemcpy(host, fresh, sizeof host, cudaMemcpyDeviceToHost));
+  size_t old_values = 0;
+  for (size_t i = 0; i < WORDS; i++) old_values += host[i] != 13;
+  printf("importer's writes after the exporter's earlier work on the memory: %s\n", old_values == 0 ? "yes" : "no");
+  CHECK(old_values == 0);
+  CHECK_CUDA(cudaFree(fresh));
 
   void *shared = filled_block(11);
   cudaIpcMemHandle_t h;
@@ -89,6 +137,22 @@ int main(int argc, char **argv) {
     CHECK_CUDA(cudaFree(p));
   }
   printf("allocations after the leaver's exit correct: %s\n", after ? "yes" : "no");
+
+  CHECK_CUDA(cudaDeviceReset());
+  void *renewed = filled_block(11);
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, renewed));
+  handle_to_hex(&h, hex);
+  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+  pid = start_child(argv[0], "reader", hex, to_child[0], from_child[1]);
+  close(to_child[0]);
+  close(from_child[1]);
+  byte = 0;
+  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  CHECK(write(to_child[1], "g", 1) == 1);
+  CHECK(read(from_child[0], &byte, 1) == 1);
+  printf("importer read a block exported after a device reset: %s\n", byte == 'y' ? "yes" : "no");
+  printf("reader after the reset exit status %d\n", wait_child(pid));
+  CHECK_CUDA(cudaFree(renewed));
   CHECK_CUDA(cudaFree(NULL));
   print_pooled();
   return report();

@@ -379,7 +379,24 @@ impl Allocator {
 
     /// Exports the live pool block at `base` through CUDA IPC: the secret of
     /// its handle (`new_secret` draws one for a new export) and the block.
-    pub fn export(&self, base: u64, new_secret: impl FnOnce() -> Secret) -> Option<(Secret, Block)> {
+    /// None where the shim cannot export it: the real call answers.
+    pub fn export(&self, driver: &impl Gpu, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
+        let block = self.map.live_block(base)?;
+        if self.map.live_shared_block(base).is_none() {
+            // A new allocation: its earlier work must be done before an
+            // importer may touch it (see `Device::wait_before_export`).
+            // Held until the end: no capture may begin while the legacy
+            // stream is marked or waited for; during one it may not be.
+            let captures = read(&self.captures);
+            if !captures.is_empty() {
+                return None;
+            }
+            let device = self.known_device(block.device)?;
+            if let Err(e) = driver.with_context(device.context, || device.wait_before_export(driver)).and_then(|r| r) {
+                log::warn!("device {}: waiting for the legacy stream before an export failed: {e:?}", block.device);
+                return None;
+            }
+        }
         self.exports.export(&self.map, base, new_secret)
     }
 
@@ -389,21 +406,23 @@ impl Allocator {
         self.exports.lease(&self.map, base, secret)
     }
 
-    /// A lease on `base` ended: a block the program freed meanwhile is freed
-    /// once its last lease ends (by the next pool call of a program thread,
-    /// as frees deferred during a capture are; no driver call here).
-    pub fn lease_ended(&self, base: u64) {
-        if let Some(block) = self.exports.lease_ended(base) {
+    /// A lease on `base` under `secret` ended: a block the program freed
+    /// meanwhile is freed once its last lease ends (by the next pool call of
+    /// a program thread, as frees deferred during a capture are; no driver
+    /// call here).
+    pub fn lease_ended(&self, base: u64, secret: &Secret) {
+        if let Some(block) = self.exports.lease_ended(base, secret) {
             lock(&self.deferred).push((base, block));
             self.has_deferred.store(true, Ordering::Release);
         }
     }
 
-    /// The pool of device `ordinal` and its context, if the pool can be
-    /// shared with other processes.
-    pub fn shareable_pool(&self, ordinal: i32) -> Option<(Pool, Context)> {
+    /// The pool of device `ordinal`, its context and that context's unique
+    /// id (a new one after a reset), if the pool can be shared with other
+    /// processes.
+    pub fn shareable_pool(&self, ordinal: i32) -> Option<(Pool, Context, u64)> {
         let device = self.known_device(ordinal)?;
-        device.shareable_pool().map(|pool| (pool, device.context))
+        device.shareable_pool().map(|pool| (pool, device.context, device.context_id))
     }
 
     /// The context of the device whose pool holds the live block `ptr`.
@@ -972,6 +991,7 @@ impl Allocator {
             }
         };
         let live = self.map.take_device(ordinal);
+        self.exports.forget_device(ordinal);
         let deferred: Vec<(u64, Block)> = {
             let mut deferred = lock(&self.deferred);
             let (of_device, others) = deferred.drain(..).partition(|(_, block)| block.device == ordinal);

@@ -394,6 +394,17 @@ impl Device {
         driver.wait_for(self.legacy_free_mark)
     }
 
+    /// A block is exported to other processes (CUDA IPC) for the first
+    /// time: the host waits for the legacy stream's work so far. A block
+    /// reused there may still have earlier work of this process running on
+    /// it, which the importer's streams are not ordered after (the real
+    /// `cudaFree` had waited for that work). The device's context must be
+    /// current, and no capture may begin before this returns.
+    pub fn wait_before_export(&self, driver: &impl Gpu) -> CuResult<()> {
+        driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+        driver.wait_for(self.legacy_free_mark)
+    }
+
     /// A first capture is about to begin: marks the legacy stream's work so
     /// far, for a non-blocking stream made during it (`leave_legacy_stream`).
     /// The device's context must be current.

@@ -69,6 +69,8 @@ pub struct Exports {
 
 struct Export {
     secret: Secret,
+    /// The device whose pool holds the block: a reset of it ends the export.
+    device: i32,
     leases: u32,
     /// Freed by the program while leased: freed for real after the last lease.
     held: Option<Block>,
@@ -78,15 +80,16 @@ impl Exports {
     /// Exports the live block at `base`: the secret of its handle (the same
     /// for every export of one allocation, as the real handle is), and the
     /// block; None if `base` is not a live block of the pool's.
-    pub fn export(&self, map: &PointerMap, base: u64, new_secret: impl FnOnce() -> Secret) -> Option<(Secret, Block)> {
+    pub fn export(&self, map: &PointerMap, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
         let mut table = lock(&self.table);
         let (block, shared_before) = map.share(base)?;
         let secret = match table.get(&base) {
             Some(export) if shared_before => export.secret,
             // A new allocation at this address: a handle of an earlier one must not open it.
+            // (Without a secret it stays marked shared and unexported: a later export draws one.)
             _ => {
-                let secret = new_secret();
-                table.insert(base, Export { secret, leases: 0, held: None });
+                let secret = new_secret()?;
+                table.insert(base, Export { secret, device: block.device, leases: 0, held: None });
                 secret
             }
         };
@@ -97,7 +100,7 @@ impl Exports {
     /// is the live allocation that export named.
     pub fn lease(&self, map: &PointerMap, base: u64, secret: &Secret) -> Option<Block> {
         let mut table = lock(&self.table);
-        let export = table.get_mut(&base).filter(|export| export.held.is_none() && export.secret == *secret)?;
+        let export = table.get_mut(&base).filter(|export| export.held.is_none() && same_secret(&export.secret, secret))?;
         // Checked under the table's lock: a free marks the block pending
         // before it takes the lock, so it either sees this lease or it is seen.
         let block = map.live_shared_block(base)?;
@@ -122,17 +125,34 @@ impl Exports {
         }
     }
 
-    /// A lease on `base` ended: the block to free now, if the program freed
-    /// it while leased and this was its last lease.
-    pub fn lease_ended(&self, base: u64) -> Option<Block> {
+    /// A lease on `base` under `secret` ended: the block to free now, if
+    /// the program freed it while leased and this was its last lease. A
+    /// lease of an earlier export at the address (gone with a device reset)
+    /// touches nothing: a new export there has another secret.
+    pub fn lease_ended(&self, base: u64, secret: &Secret) -> Option<Block> {
         let mut table = lock(&self.table);
-        let export = table.get_mut(&base)?;
+        let export = table.get_mut(&base).filter(|export| same_secret(&export.secret, secret))?;
         export.leases = export.leases.saturating_sub(1);
         if export.leases > 0 || export.held.is_none() {
             return None;
         }
         table.remove(&base).and_then(|export| export.held)
     }
+}
+
+impl Exports {
+    /// Device `ordinal` is reset: its blocks, held ones included, went with
+    /// its pool, and their addresses may be handed out again by a new one.
+    pub fn forget_device(&self, ordinal: i32) {
+        lock(&self.table).retain(|_, export| export.device != ordinal);
+    }
+}
+
+/// Whether two secrets are equal, in a time that does not depend on where
+/// they differ (an early exit would tell a guesser how many bytes it got).
+fn same_secret(a: &Secret, b: &Secret) -> bool {
+    let difference = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(difference) == 0
 }
 
 #[cfg(test)]
@@ -156,31 +176,53 @@ mod tests {
     fn exports_of_one_allocation_share_a_secret_and_a_new_allocation_gets_another() {
         let (map, exports) = (PointerMap::default(), Exports::default());
         map.insert(0x1000, B);
-        let (first, _) = exports.export(&map, 0x1000, || [1; 32]).unwrap();
-        let (again, _) = exports.export(&map, 0x1000, || [2; 32]).unwrap();
+        let (first, _) = exports.export(&map, 0x1000, || Some([1; 32])).unwrap();
+        let (again, _) = exports.export(&map, 0x1000, || Some([2; 32])).unwrap();
         assert_eq!((first, again), ([1; 32], [1; 32]));
         assert!(!exports.freed(0x1000, B), "no lease: freed at once");
         map.returned(0x1000);
         map.insert(0x1000, B);
         assert_eq!(exports.lease(&map, 0x1000, &[1; 32]), None, "a stale handle opens nothing");
-        let (new, _) = exports.export(&map, 0x1000, || [3; 32]).unwrap();
+        let (new, _) = exports.export(&map, 0x1000, || Some([3; 32])).unwrap();
         assert_eq!(new, [3; 32]);
-        assert_eq!(exports.export(&map, 0x2000, || [4; 32]), None, "not a pool block");
+        assert_eq!(exports.export(&map, 0x2000, || Some([4; 32])), None, "not a pool block");
     }
 
     #[test]
     fn a_leased_block_is_held_until_its_last_lease_ends() {
         let (map, exports) = (PointerMap::default(), Exports::default());
         map.insert(0x1000, B);
-        let (secret, _) = exports.export(&map, 0x1000, || [9; 32]).unwrap();
+        let (secret, _) = exports.export(&map, 0x1000, || Some([9; 32])).unwrap();
         assert_eq!(exports.lease(&map, 0x1000, &[8; 32]), None, "a forged secret");
+        let mut last_byte_wrong = [9; 32];
+        last_byte_wrong[31] = 8;
+        assert_eq!(exports.lease(&map, 0x1000, &last_byte_wrong), None, "one byte off");
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
         assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
-        assert_eq!(exports.lease_ended(0x1000), None, "not freed: nothing to do");
+        assert_eq!(exports.lease_ended(0x1000, &secret), None, "not freed: nothing to do");
         assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
         assert!(exports.freed(0x1000, B), "leased: held");
         assert_eq!(exports.lease(&map, 0x1000, &secret), None, "freed: no new lease");
-        assert_eq!(exports.lease_ended(0x1000), Some(B), "the last lease frees it");
-        assert_eq!(exports.lease_ended(0x1000), None);
+        assert_eq!(exports.lease_ended(0x1000, &secret), Some(B), "the last lease frees it");
+        assert_eq!(exports.lease_ended(0x1000, &secret), None);
+    }
+
+    #[test]
+    fn a_reset_ends_the_device_exports_and_their_old_leases_touch_no_new_one() {
+        let (map, exports) = (PointerMap::default(), Exports::default());
+        map.insert(0x1000, B);
+        let (old, _) = exports.export(&map, 0x1000, || Some([1; 32])).unwrap();
+        assert_eq!(exports.lease(&map, 0x1000, &old), Some(B));
+        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
+        assert!(exports.freed(0x1000, B), "leased: held");
+        exports.forget_device(0);
+        map.take_device(0);
+        map.insert(0x1000, B); // the new pool hands the address out again
+        assert_eq!(exports.lease_ended(0x1000, &old), None, "the held block went with the reset");
+        let (new, _) = exports.export(&map, 0x1000, || Some([2; 32])).unwrap();
+        assert_eq!(exports.lease(&map, 0x1000, &new), Some(B));
+        assert_eq!(exports.lease_ended(0x1000, &old), None, "an old lease");
+        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
+        assert!(exports.freed(0x1000, B), "the new lease still holds it");
     }
 }

@@ -323,6 +323,9 @@ impl Gpu for Driver {
     }
 }
 
+/// `CUDA_ERROR_OPERATING_SYSTEM`: a system call the shim made failed.
+const OPERATING_SYSTEM: CuError = CuError(304);
+
 /// The shareable-handle type of the shim's pools.
 const POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
@@ -353,7 +356,14 @@ impl Driver {
             cu::cuMemPoolExportToShareableHandle((&mut fd as *mut c_int).cast(), pool.0, POSIX_FILE_DESCRIPTOR.0 as c_int, 0)
         })?;
         // SAFETY: the driver made a new descriptor, now ours to close.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Kept for the process's life: a program's child (system, exec)
+        // must not inherit a descriptor that opens the whole pool.
+        // SAFETY: fcntl on a descriptor we own.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            return Err(OPERATING_SYSTEM);
+        }
+        Ok(fd)
     }
 
     /// What an importer of the block's pool needs to map the block at `ptr`

@@ -105,15 +105,15 @@ extern "C" fn at_exit() {
 }
 
 thread_local! {
-    /// The reclaimer's locks, held by the forking thread across `fork`.
-    static FORK_PAUSE: std::cell::RefCell<Option<ForkPause<'static>>> = const { std::cell::RefCell::new(None) };
+    /// The reclaimer's and the IPC server's locks, held by the forking thread across `fork`.
+    static FORK_PAUSE: std::cell::RefCell<Option<(ForkPause<'static>, ipc::ForkPause)>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Before `fork`: no step of the shim's thread under way, and none of its
 /// locks held, so that the child inherits no lock held by a thread it will
 /// not have.
 extern "C" fn before_fork() {
-    let pause = allocator().reclaimer.before_fork();
+    let pause = (allocator().reclaimer.before_fork(), ipc::before_fork());
     let _ = FORK_PAUSE.try_with(|slot| *slot.borrow_mut() = Some(pause));
 }
 
@@ -127,11 +127,11 @@ extern "C" fn after_fork_in_child() {
     // A panic here must not unwind into libc's fork.
     let _ = std::panic::catch_unwind(|| {
         let allocator = allocator();
-        if let Ok(Some(pause)) = FORK_PAUSE.try_with(|slot| slot.borrow_mut().take()) {
+        if let Ok(Some((pause, ipc_pause))) = FORK_PAUSE.try_with(|slot| slot.borrow_mut().take()) {
             pause.in_child(&allocator.reclaimer);
+            ipc_pause.in_child();
         }
         allocator.after_fork();
-        ipc::after_fork_in_child();
     });
 }
 

@@ -27,8 +27,8 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -46,8 +46,15 @@ const INVALID_CONTEXT: u32 = 201;
 const INVALID_HANDLE: u32 = 400;
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag the real open accepts.
 const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
-/// How long either side waits for the other's message.
+/// How long the importer waits for the exporter's answer (which includes
+/// the exporter's driver calls).
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the server waits for a request, sent at once after connecting:
+/// short, since every other request and lease waits meanwhile.
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long the server rests after a failed accept (out of descriptors,
+/// say), which leaves the listener readable: not a busy loop.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 // ---- export -------------------------------------------------------------------
 
@@ -80,11 +87,13 @@ fn export(allocator: &'static Allocator, ptr: u64) -> Option<IpcHandle> {
     // A pool other processes cannot import: the real call answers.
     allocator.shareable_pool(device)?;
     let endpoint = server_endpoint(allocator)?;
-    let (secret, _) = allocator.export(base, random_secret)?;
+    let (secret, _) = allocator.export(driver, base, random_secret)?;
     Some(IpcHandle { pid: std::process::id(), endpoint, base, secret })
 }
 
-fn random_secret() -> Secret {
+/// 32 random bytes, or None where the kernel gives none (getrandom missing
+/// or forbidden): the export then passes through rather than spin.
+fn random_secret() -> Option<Secret> {
     let mut secret = [0u8; 32];
     let mut filled = 0;
     while filled < secret.len() {
@@ -92,9 +101,11 @@ fn random_secret() -> Secret {
         let n = unsafe { libc::getrandom(secret[filled..].as_mut_ptr().cast(), secret.len() - filled, 0) };
         if n > 0 {
             filled += n as usize;
+        } else if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return None;
         }
     }
-    secret
+    Some(secret)
 }
 
 /// The directory of this user's IPC sockets: made with mode 0700, and used
@@ -132,6 +143,16 @@ struct Server {
 /// the parent's pid) and starts its own on its first export.
 static SERVER: Mutex<Option<Server>> = Mutex::new(None);
 
+/// The pid and endpoint of the running server, for the open that must
+/// refuse this process's own handles without waiting for an export that
+/// holds `SERVER`. (A forked child sees its parent's pid here: not its own.)
+static SERVING_PID: AtomicU32 = AtomicU32::new(0);
+static SERVING_ENDPOINT: AtomicU64 = AtomicU64::new(0);
+
+/// The pid of a process whose server could not start: its exports pass
+/// through from then on, without a new attempt (and warning) each time.
+static FAILED_PID: AtomicU32 = AtomicU32::new(0);
+
 /// The endpoint of this process's server, started on first use.
 fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
     let mut server = lock(&SERVER);
@@ -139,9 +160,15 @@ fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
     if let Some(running) = server.as_ref().filter(|s| s.pid == pid) {
         return Some(running.endpoint);
     }
+    if FAILED_PID.load(Ordering::Relaxed) == pid {
+        return None;
+    }
     match start_server(allocator, pid) {
         Ok(started) => {
             let endpoint = started.endpoint;
+            // The endpoint first: a pid that matches always names its endpoint.
+            SERVING_ENDPOINT.store(endpoint, Ordering::Release);
+            SERVING_PID.store(pid, Ordering::Release);
             // A parent's server, inherited through fork: its thread is not here.
             if let Some(inherited) = server.replace(started) {
                 std::mem::forget(inherited.thread);
@@ -150,6 +177,7 @@ fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
         }
         Err(e) => {
             log::warn!("CUDA IPC: cannot start the shim's IPC server ({e}): handles of pool memory pass through");
+            FAILED_PID.store(pid, Ordering::Relaxed);
             None
         }
     }
@@ -157,7 +185,8 @@ fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
 
 fn start_server(allocator: &'static Allocator, pid: u32) -> Result<Server, String> {
     let dir = socket_dir()?;
-    let endpoint = u64::from_le_bytes(random_secret()[..8].try_into().unwrap_or_default());
+    let random = random_secret().ok_or("no random bytes from the kernel")?;
+    let endpoint = u64::from_le_bytes(random[..8].try_into().unwrap_or_default());
     let path = socket_path(&dir, pid, endpoint);
     let listener = UnixListener::bind(&path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -189,13 +218,19 @@ pub fn stop_server() {
 struct Lease {
     connection: UnixStream,
     base: u64,
+    secret: Secret,
 }
+
+/// Held by the server thread while it handles what poll reported, and by a
+/// forking thread across `fork`: the child then inherits none of the locks
+/// a step takes (exports table, pointer map, deferred frees).
+static SERVER_STEP: Mutex<()> = Mutex::new(());
 
 /// The server thread: answers requests and watches leases until woken.
 /// It holds no lock of the shim's across its driver calls.
 fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32, endpoint: u64) {
     let mut leases: Vec<Lease> = Vec::new();
-    let mut pool_fds: HashMap<usize, OwnedFd> = HashMap::new();
+    let mut pool_fds: HashMap<i32, ExportedPool> = HashMap::new();
     loop {
         let mut polled: Vec<libc::pollfd> = [wake.as_raw_fd(), listener.as_raw_fd()]
             .into_iter()
@@ -214,17 +249,25 @@ fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32,
         if polled[0].revents != 0 {
             return;
         }
+        let _step = lock(&SERVER_STEP);
         // Leases whose importer closed (or exited): end them, newest first so indices hold.
         for index in (0..leases.len()).rev() {
             if polled[index + 2].revents != 0 && connection_closed(&mut leases[index].connection) {
                 let lease = leases.swap_remove(index);
-                allocator.lease_ended(lease.base);
+                allocator.lease_ended(lease.base, &lease.secret);
             }
         }
         if polled[1].revents != 0 {
-            while let Ok((connection, _)) = listener.accept() {
-                if let Some(lease) = answer(allocator, connection, pid, endpoint, &mut pool_fds) {
-                    leases.push(lease);
+            loop {
+                match listener.accept() {
+                    Ok((connection, _)) => leases.extend(answer(allocator, connection, pid, endpoint, &mut pool_fds)),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        log::debug!("CUDA IPC: accept: {e}");
+                        std::thread::sleep(ACCEPT_BACKOFF);
+                        break;
+                    }
                 }
             }
         }
@@ -246,14 +289,14 @@ fn connection_closed(connection: &mut UnixStream) -> bool {
 const REPLY_LEN: usize = 4 + 64;
 
 /// Answers one request; the lease if one was granted.
-fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint: u64, pool_fds: &mut HashMap<usize, OwnedFd>) -> Option<Lease> {
+fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint: u64, pool_fds: &mut HashMap<i32, ExportedPool>) -> Option<Lease> {
     // SAFETY: geteuid has no preconditions.
     if peer_uid(&connection) != Some(unsafe { libc::geteuid() }) {
         return None; // another user's process: not even an answer
     }
     connection.set_nonblocking(false).ok()?;
-    connection.set_read_timeout(Some(EXCHANGE_TIMEOUT)).ok()?;
-    connection.set_write_timeout(Some(EXCHANGE_TIMEOUT)).ok()?;
+    connection.set_read_timeout(Some(REQUEST_TIMEOUT)).ok()?;
+    connection.set_write_timeout(Some(REQUEST_TIMEOUT)).ok()?;
     let mut request = [0u8; 64];
     connection.read_exact(&mut request).ok()?;
     let granted = IpcHandle::decode(&request)
@@ -261,40 +304,48 @@ fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint:
         .and_then(|handle| {
             let block = allocator.lease(handle.base, &handle.secret)?;
             match export_block(allocator, handle.base, block.device, pool_fds) {
-                Some(granted) => Some((handle.base, granted)),
+                Some(granted) => Some((handle.base, handle.secret, granted)),
                 None => {
-                    allocator.lease_ended(handle.base);
+                    allocator.lease_ended(handle.base, &handle.secret);
                     None
                 }
             }
         });
-    let Some((base, (pool_fd, data))) = granted else {
+    let Some((base, secret, (pool_fd, data))) = granted else {
         let _ = send_all(&connection, &1u32.to_le_bytes());
         return None;
     };
     let mut reply = [0u8; REPLY_LEN];
     reply[4..].copy_from_slice(&data);
     if send_with_fd(&connection, &reply, pool_fd).is_err() || connection.set_nonblocking(true).is_err() {
-        allocator.lease_ended(base);
+        allocator.lease_ended(base, &secret);
         return None;
     }
-    Some(Lease { connection, base })
+    Some(Lease { connection, base, secret })
+}
+
+/// A device's pool as the server exported it: the descriptor serves only
+/// while the device's context is the one it was exported in (a reset
+/// destroys the pool, and a new one may have the same handle value).
+struct ExportedPool {
+    context_id: u64,
+    fd: OwnedFd,
 }
 
 /// The pool's descriptor (exported once per pool, before any of its blocks)
 /// and the block's export data.
-fn export_block(allocator: &Allocator, base: u64, device: i32, pool_fds: &mut HashMap<usize, OwnedFd>) -> Option<(RawFd, PointerExport)> {
+fn export_block(allocator: &Allocator, base: u64, device: i32, pool_fds: &mut HashMap<i32, ExportedPool>) -> Option<(RawFd, PointerExport)> {
     let driver = driver::loaded()?;
-    let (pool, context) = allocator.shareable_pool(device)?;
+    let (pool, context, context_id) = allocator.shareable_pool(device)?;
     let exported = driver.with_context(context, || -> Result<_, crate::cuda::gpu::CuError> {
         // The pool first: the driver exports blocks only of a pool already
         // shared (measured: the block's export refuses with invalid value before).
-        let fd = match pool_fds.get(&(pool.0 as usize)) {
-            Some(fd) => fd.as_raw_fd(),
+        let fd = match pool_fds.get(&device).filter(|exported| exported.context_id == context_id) {
+            Some(exported) => exported.fd.as_raw_fd(),
             None => {
                 let fd = driver.export_pool(pool)?;
                 let raw = fd.as_raw_fd();
-                pool_fds.insert(pool.0 as usize, fd);
+                pool_fds.insert(device, ExportedPool { context_id, fd }); // a stale one closes
                 raw
             }
         };
@@ -397,8 +448,12 @@ struct Imported {
     _connection: UnixStream,
 }
 
-/// Imported blocks by (exporter endpoint, base address in the exporter).
-static IMPORTS: Mutex<Option<HashMap<(u64, u64), Imported>>> = Mutex::new(None);
+/// An imported block's (exporter endpoint, base address in the exporter,
+/// secret): a handle opens an existing mapping only if it names the same
+/// export, secret included, as the exporter would check.
+type ImportKey = (u64, u64, Secret);
+
+static IMPORTS: Mutex<Option<HashMap<ImportKey, Imported>>> = Mutex::new(None);
 
 /// Whether this process ever imported a block (skips the lock for the real closes).
 static IMPORTED_ANY: AtomicBool = AtomicBool::new(false);
@@ -411,7 +466,8 @@ pub unsafe fn open_mem_handle(out: *mut u64, handle: &IpcMemHandle, flags: c_uin
     if out.is_null() || flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
         return real(); // refuses the arguments as it refuses them natively
     }
-    if handle.pid == std::process::id() && try_lock(&SERVER).is_some_and(|s| s.as_ref().is_some_and(|s| s.endpoint == handle.endpoint)) {
+    let pid = std::process::id();
+    if handle.pid == pid && SERVING_PID.load(Ordering::Acquire) == pid && SERVING_ENDPOINT.load(Ordering::Acquire) == handle.endpoint {
         return INVALID_CONTEXT;
     }
     match import(&handle) {
@@ -439,7 +495,7 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     let device = driver.current_device().map_err(|e| Refused::Driver(e.0))?;
     let mut imports = lock(&IMPORTS);
     let imports = imports.get_or_insert_with(HashMap::new);
-    if let Some(open) = imports.get_mut(&(handle.endpoint, handle.base)) {
+    if let Some(open) = imports.get_mut(&(handle.endpoint, handle.base, handle.secret)) {
         open.opens += 1; // as the real call: the same address, counted
         return Ok(open.ptr);
     }
@@ -462,7 +518,7 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     let pool_fd = pool_fd.filter(|_| n == REPLY_LEN && reply[..4] == [0; 4]).ok_or(Refused::Invalid)?;
     let data: PointerExport = reply[4..].try_into().map_err(|_| Refused::Invalid)?;
     let ptr = import_block(driver, pool_fd, device, &data).map_err(|e| Refused::Driver(e.0))?;
-    imports.insert((handle.endpoint, handle.base), Imported { ptr, opens: 1, _connection: connection });
+    imports.insert((handle.endpoint, handle.base, handle.secret), Imported { ptr, opens: 1, _connection: connection });
     IMPORTED_ANY.store(true, Ordering::Release);
     Ok(ptr)
 }
@@ -482,16 +538,17 @@ pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     if !IMPORTED_ANY.load(Ordering::Acquire) {
         return real();
     }
-    let closed = {
-        let mut imports = lock(&IMPORTS);
-        let Some(imports) = imports.as_mut() else { return real() };
-        let Some((&key, open)) = imports.iter_mut().find(|(_, open)| open.ptr == ptr) else { return real() };
-        open.opens -= 1;
-        if open.opens > 0 {
-            return SUCCESS;
-        }
-        imports.remove(&key)
-    };
+    // Held until the block is unmapped: an open of the same handle meanwhile
+    // would map it again at the same address, and this unmapping undo it.
+    // (IPC calls are not the allocation hot path.)
+    let mut imports = lock(&IMPORTS);
+    let Some(imports) = imports.as_mut() else { return real() };
+    let Some((&key, open)) = imports.iter_mut().find(|(_, open)| open.ptr == ptr) else { return real() };
+    open.opens -= 1;
+    if open.opens > 0 {
+        return SUCCESS;
+    }
+    let closed = imports.remove(&key);
     let Some(driver) = driver::loaded() else { return SUCCESS };
     if let Err(e) = driver.synchronize_context().and_then(|_| driver.free_now(ptr)) {
         log::warn!("CUDA IPC: unmapping the imported block at {ptr:#x} failed: {e:?}");
@@ -500,11 +557,25 @@ pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     SUCCESS
 }
 
-/// In a forked child: the parent's leases are not the child's to hold (a
-/// copy of a connection would keep the exporter's block held).
-pub fn after_fork_in_child() {
-    if let Some(mut imports) = try_lock(&IMPORTS) {
-        *imports = None;
+/// The IPC locks, held by the forking thread across `fork`.
+pub struct ForkPause {
+    _server: MutexGuard<'static, Option<Server>>,
+    _step: MutexGuard<'static, ()>,
+    imports: MutexGuard<'static, Option<HashMap<ImportKey, Imported>>>,
+}
+
+/// Before `fork`: no server starting, no server step under way and no
+/// import or close in progress (one holds `IMPORTS` across its exchange),
+/// so the child inherits no IPC lock held by a thread it will not have.
+pub fn before_fork() -> ForkPause {
+    ForkPause { _server: lock(&SERVER), _step: lock(&SERVER_STEP), imports: lock(&IMPORTS) }
+}
+
+impl ForkPause {
+    /// In a forked child: the parent's leases are not the child's to hold (a
+    /// copy of a connection would keep the exporter's block held).
+    pub fn in_child(mut self) {
+        *self.imports = None;
+        IMPORTED_ANY.store(false, Ordering::Release);
     }
-    IMPORTED_ANY.store(false, Ordering::Release);
 }
