@@ -139,6 +139,7 @@ int main(int argc, char **argv) {
   printf("allocations after the leaver's exit correct: %s\n", after ? "yes" : "no");
 
   CHECK_CUDA(cudaDeviceReset());
+  CHECK_CUDA(cudaFree(NULL)); /* the new primary context current (a driver-API build allocates through it) */
   void *renewed = filled_block(11);
   CHECK_CUDA(cudaIpcGetMemHandle(&h, renewed));
   handle_to_hex(&h, hex);
