@@ -76,6 +76,10 @@ pub struct Device {
     /// Recorded on the legacy stream where a non-blocking stream must wait
     /// for the work before frees made there (see `leave_legacy_stream`).
     legacy_free_mark: Event,
+    /// A stream made during a capture waited for the mark on the GPU only:
+    /// the legacy-stream work it covers may still run, so every stream made
+    /// later waits for it too, until the host has waited for it.
+    mark_waited_on_gpu_only: AtomicBool,
     order: FreeOrder,
     internal_deps: bool,
     pending_free_limit: u64,
@@ -158,6 +162,7 @@ impl Device {
             // Until a free has seen the streams, allocations stay off the legacy stream.
             on_legacy_stream: AtomicBool::new(false),
             legacy_free_mark: driver.create_event()?,
+            mark_waited_on_gpu_only: AtomicBool::new(false),
             // The CPU writes a host block at once: only the host's own
             // observation of a passed free makes it safe to hand out.
             order: if host { FreeOrder::Join } else { config.free_order },
@@ -368,12 +373,15 @@ impl Device {
     /// the new stream starts idle, as it would without the shim. While a
     /// capture forbids touching the legacy stream, the new stream waits on
     /// the GPU for the mark recorded when the first capture began (legacy
-    /// frees are deferred during captures, so it covers them all).
+    /// frees are deferred during captures, so it covers them all); so does
+    /// every stream made after it until the host has waited for a mark.
     pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<bool> {
-        if !self.on_legacy_stream.swap(false, Relaxed) {
+        let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed);
+        if !was_on_legacy && !self.mark_waited_on_gpu_only.load(Relaxed) {
             return Ok(false); // frees were already joined: none was reused on the legacy stream
         }
         if capturing {
+            self.mark_waited_on_gpu_only.store(true, Relaxed);
             return driver.wait_event(made, self.legacy_free_mark).map(|()| false);
         }
         if let Err(e) = driver.record(self.legacy_free_mark, Stream::LEGACY) {
@@ -389,9 +397,12 @@ impl Device {
         write(&self.legacy_reuse)
     }
 
-    /// Waits on the host for the mark `leave_legacy_stream` recorded.
+    /// Waits on the host for the mark `leave_legacy_stream` recorded (which
+    /// covers any mark streams made during a capture waited for on the GPU).
     pub fn wait_for_legacy_mark(&self, driver: &impl Gpu) -> CuResult<()> {
-        driver.wait_for(self.legacy_free_mark)
+        driver.wait_for(self.legacy_free_mark)?;
+        self.mark_waited_on_gpu_only.store(false, Relaxed);
+        Ok(())
     }
 
     /// A block is exported to other processes (CUDA IPC) for the first
