@@ -175,17 +175,20 @@ static inline void nudge(void) {
  * checks that the new owner's work is ordered after the old owner's
  * (fakecuda_handed_out, unordered_uses). *reissued (if given) says which;
  * natively it is always 0. */
-static inline cudaError_t malloc_seen(void **p, size_t size, int *reissued) {
+static inline cudaError_t seen_if_kept(cudaError_t rc, void **p, uint64_t allocs_before, int *reissued) {
   /* The shim allocates at the driver on the calling thread: no driver
    * allocation by this thread in the call means a block it kept. */
-  uint64_t before = fakecuda_thread_allocs();
-  cudaError_t rc = cudaMalloc(p, size);
   struct fakecuda_ptr_info info;
   int old = rc == cudaSuccess && *p && fakecuda_ptr_info(*p, &info) && info.base == (uintptr_t)*p &&
-            fakecuda_thread_allocs() == before;
+            fakecuda_thread_allocs() == allocs_before;
   if (old) fakecuda_handed_out(*p);
   if (reissued) *reissued = old;
   return rc;
+}
+
+static inline cudaError_t malloc_seen(void **p, size_t size, int *reissued) {
+  uint64_t before = fakecuda_thread_allocs();
+  return seen_if_kept(cudaMalloc(p, size), p, before, reissued);
 }
 
 /* The double's last complaint, printed as an informational line. */

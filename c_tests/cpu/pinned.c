@@ -51,13 +51,7 @@ static int expect_host_pool(unsigned flags) {
  * as malloc_seen does for cudaMalloc. */
 static cudaError_t alloc_seen(void **p, size_t n, int plain, unsigned flags, int *reissued) {
   uint64_t before = fakecuda_thread_allocs();
-  cudaError_t rc = h_alloc(p, n, plain, flags);
-  struct fakecuda_ptr_info info;
-  int old = rc == cudaSuccess && *p && fakecuda_ptr_info(*p, &info) && info.base == (uintptr_t)*p &&
-            fakecuda_thread_allocs() == before;
-  if (old) fakecuda_handed_out(*p);
-  if (reissued) *reissued = old;
-  return rc;
+  return seen_if_kept(h_alloc(p, n, plain, flags), p, before, reissued);
 }
 
 /* Where the block came from: the host pool when expected, else plain pinned. */
