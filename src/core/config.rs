@@ -435,6 +435,12 @@ impl Config {
         }
     }
 
+    /// Whether `cudaMemGetInfo` answers other than the driver does
+    /// (`SOMA_MEMINFO=pool`, or a `SOMA_MEMORY_LIMIT`).
+    pub fn adjusts_memory_info(&self) -> bool {
+        !self.disable && (self.meminfo == MemInfo::Pool || self.memory_limit != Bytes::Exact(u64::MAX))
+    }
+
     pub fn pools_size(&self, size: u64) -> bool {
         size >= self.min_bytes && size <= self.max_bytes
     }

@@ -203,16 +203,11 @@ unsafe fn allocate(
             Answer::Answered(out_of_memory())
         }
         Err(Unserved::PassThrough(reason)) => {
-            log::trace!("allocation {request:?} passed through: {reason:?}");
             let bytes = match request {
                 Request::Bytes(size) => size,
                 Request::Rows { width, height } => width.saturating_mul(height),
             };
-            allocator.stats.passed_through(reason, bytes);
-            let rc = real();
-            if rc == SUCCESS {
-                arm_process_handlers();
-            }
+            let rc = answered_by_real(allocator, reason, bytes, real);
             if reason == Passthrough::PoolOutOfMemory && rc == SUCCESS {
                 let device = driver::loaded().and_then(|d| d.current_device().ok()).unwrap_or(0);
                 allocator.stats.device(device).oom_fallbacks.fetch_add(1, Relaxed);
@@ -220,6 +215,18 @@ unsafe fn allocate(
             Answer::Answered(rc)
         }
     }
+}
+
+/// An allocation of `bytes` the pool does not serve, for `reason`: the real
+/// function answers, and is counted.
+fn answered_by_real(allocator: &Allocator, reason: Passthrough, bytes: u64, real: impl FnOnce() -> u32) -> u32 {
+    log::trace!("allocation of {bytes} bytes passed through: {reason:?}");
+    allocator.stats.passed_through(reason, bytes);
+    let rc = real();
+    if rc == SUCCESS {
+        arm_process_handlers();
+    }
+    rc
 }
 
 /// `cudaMallocPitch`/`cuMemAllocPitch`: `height` rows of `width` bytes,
@@ -508,15 +515,7 @@ pub unsafe fn malloc_host(
             arm_process_handlers();
             SUCCESS
         }
-        Err(reason) => {
-            log::trace!("pinned host allocation of {size} bytes passed through: {reason:?}");
-            allocator.stats.passed_through(reason, size as u64);
-            let rc = real();
-            if rc == SUCCESS {
-                arm_process_handlers();
-            }
-            rc
-        }
+        Err(reason) => answered_by_real(allocator, reason, size as u64, real),
     }
 }
 
@@ -561,13 +560,13 @@ fn pool_alloc_host(
 /// memory, the flags the real allocation would have.
 /// SAFETY: `out` is null or writable, as the C contract requires.
 pub unsafe fn host_get_flags(out: *mut c_uint, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
-    match Some(()).filter(|_| !out.is_null()).and_then(|()| allocator().host_block_flags(ptr)) {
-        Some(flags) => {
+    match allocator().host_block_flags(ptr) {
+        Some(flags) if !out.is_null() => {
             // SAFETY: checked non-null; writable by the C contract.
             unsafe { *out = flags };
             SUCCESS
         }
-        None => real(),
+        _ => real(),
     }
 }
 
@@ -576,15 +575,12 @@ pub unsafe fn host_get_flags(out: *mut c_uint, ptr: u64, real: impl FnOnce() -> 
 /// the host address, for interior addresses too).
 /// SAFETY: `out` is null or writable, as the C contract requires.
 pub unsafe fn host_get_device_pointer(out: *mut u64, ptr: u64, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
-    let ours = flags == 0 && !out.is_null();
-    match Some(()).filter(|_| ours).and_then(|()| allocator().host_block_flags(ptr)) {
-        Some(_) => {
-            // SAFETY: checked non-null; writable by the C contract.
-            unsafe { *out = ptr };
-            SUCCESS
-        }
-        None => real(),
+    if flags == 0 && !out.is_null() && allocator().host_block_flags(ptr).is_some() {
+        // SAFETY: checked non-null; writable by the C contract.
+        unsafe { *out = ptr };
+        return SUCCESS;
     }
+    real()
 }
 
 /// `cudaFreeAsync`/`cuMemFreeAsync`: the program frees a pointer itself, in
@@ -687,7 +683,7 @@ pub fn peer_access(allowed: bool, devices: impl FnOnce() -> Option<(i32, i32)>, 
 pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
     let allocator = allocator();
-    if rc != SUCCESS || free.is_null() || total.is_null() || allocator.config.disable {
+    if rc != SUCCESS || free.is_null() || total.is_null() || !allocator.config.adjusts_memory_info() {
         return rc;
     }
     if let Some(driver) = driver::loaded() {
