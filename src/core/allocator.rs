@@ -33,9 +33,9 @@ pub struct Allocator {
     forked_child: AtomicU32,
     map: PointerMap,
     /// Indexed by device ordinal: not yet seen, cannot be pooled, or its pool.
-    devices: RwLock<Vec<DeviceSlot>>,
+    devices: PoolSlots,
     /// Indexed by device ordinal: the pool of pinned host memory made for it.
-    hosts: RwLock<Vec<HostSlot>>,
+    hosts: PoolSlots,
     /// Read by frees (which may run at once), written when streams come and go.
     streams: RwLock<StreamRegistry>,
     /// Captures in progress, keyed by stream and, for the per-thread default
@@ -55,20 +55,71 @@ pub struct Allocator {
     pub reclaimer: Reclaimer,
 }
 
+/// One pool per device ordinal (a device's, or its pinned host memory pool).
+#[derive(Default)]
+struct PoolSlots(RwLock<Vec<PoolSlot>>);
+
 #[derive(Clone, Default)]
-enum DeviceSlot {
+enum PoolSlot {
+    /// Not set up yet.
     #[default]
     Unseen,
-    Unpooled,
+    /// Cannot be pooled: its allocations pass through for this reason.
+    Unpooled(Passthrough),
     Pooled(Arc<Device>),
 }
 
-#[derive(Clone, Default)]
-enum HostSlot {
-    #[default]
-    Unseen,
-    Unpooled(Passthrough),
-    Pooled(Arc<Device>),
+impl PoolSlot {
+    fn pool(&self) -> Option<Arc<Device>> {
+        match self {
+            PoolSlot::Pooled(pool) => Some(Arc::clone(pool)),
+            _ => None,
+        }
+    }
+}
+
+impl PoolSlots {
+    /// The pool of `ordinal`, if it has one.
+    fn pool(&self, ordinal: i32) -> Option<Arc<Device>> {
+        read(&self.0).get(usize::try_from(ordinal).ok()?)?.pool()
+    }
+
+    /// Every pool set up.
+    fn pools(&self) -> Vec<Arc<Device>> {
+        read(&self.0).iter().filter_map(PoolSlot::pool).collect()
+    }
+
+    /// The first pool that is `wanted` (on the allocation path: no copy of the list).
+    fn find(&self, wanted: impl Fn(&Device) -> bool) -> Option<Arc<Device>> {
+        read(&self.0).iter().find_map(|slot| match slot {
+            PoolSlot::Pooled(pool) if wanted(pool) => Some(Arc::clone(pool)),
+            _ => None,
+        })
+    }
+
+    /// The slot at `index`, set up by `set_up` (under the write lock, so once)
+    /// if it is not yet.
+    fn set_up_once(&self, index: usize, set_up: impl FnOnce() -> PoolSlot) -> PoolSlot {
+        let known = read(&self.0).get(index).cloned().unwrap_or_default();
+        if !matches!(known, PoolSlot::Unseen) {
+            return known;
+        }
+        let mut slots = write(&self.0);
+        if slots.len() <= index {
+            slots.resize(index + 1, PoolSlot::Unseen);
+        }
+        if let PoolSlot::Unseen = slots[index] {
+            slots[index] = set_up();
+        }
+        slots[index].clone()
+    }
+
+    /// Forgets the pool of `ordinal`, returning it.
+    fn take(&self, ordinal: i32) -> Option<Arc<Device>> {
+        let mut slots = write(&self.0);
+        let slot = usize::try_from(ordinal).ok().and_then(|i| slots.get_mut(i))?;
+        std::mem::take(slot).pool()
+    }
 }
 
 /// What the shim had of a device it forgets (a reset): its pools, and the
@@ -159,8 +210,8 @@ impl Allocator {
             trace,
             forked_child: AtomicU32::new(0),
             map: PointerMap::default(),
-            devices: RwLock::new(Vec::new()),
-            hosts: RwLock::new(Vec::new()),
+            devices: PoolSlots::default(),
+            hosts: PoolSlots::default(),
             streams: RwLock::new(StreamRegistry::default()),
             captures: RwLock::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
@@ -296,7 +347,7 @@ impl Allocator {
     fn reclaim_all(&self, driver: &impl Gpu) -> Activity {
         let captures = read(&self.captures);
         let mut activity = Activity::Idle;
-        for device in self.pooled_devices().into_iter().chain(self.pooled_hosts()) {
+        for device in self.devices.pools().into_iter().chain(self.hosts.pools()) {
             if !device.holds_frees() {
                 continue;
             }
@@ -654,11 +705,7 @@ impl Allocator {
     }
 
     fn known_device(&self, ordinal: i32) -> Option<Arc<Device>> {
-        let devices = read(&self.devices);
-        match devices.get(usize::try_from(ordinal).ok()?) {
-            Some(DeviceSlot::Pooled(device)) => Some(Arc::clone(device)),
-            _ => None,
-        }
+        self.devices.pool(ordinal)
     }
 
     /// The pool that gave out `block`.
@@ -668,99 +715,55 @@ impl Allocator {
 
     /// Device `ordinal`'s pool, or (`host`) its pinned host memory pool.
     fn pool_numbered(&self, ordinal: i32, host: bool) -> Option<Arc<Device>> {
-        if !host {
-            return self.known_device(ordinal);
-        }
-        match read(&self.hosts).get(usize::try_from(ordinal).ok()?) {
-            Some(HostSlot::Pooled(host)) => Some(Arc::clone(host)),
-            _ => None,
-        }
-    }
-
-    fn pooled_hosts(&self) -> Vec<Arc<Device>> {
-        read(&self.hosts)
-            .iter()
-            .filter_map(|slot| match slot {
-                HostSlot::Pooled(host) => Some(Arc::clone(host)),
-                _ => None,
-            })
-            .collect()
+        if host { self.hosts.pool(ordinal) } else { self.devices.pool(ordinal) }
     }
 
     /// The pinned host memory pool made for `device` (whose context is
     /// current), set up on first use.
     fn host_pool(&self, driver: &impl Gpu, device: &Arc<Device>) -> Result<Arc<Device>, Passthrough> {
         let index = usize::try_from(device.ordinal).map_err(|_| Passthrough::NoContext)?;
-        let known = read(&self.hosts).get(index).cloned().unwrap_or_default();
-        let slot = match known {
-            HostSlot::Unseen => {
-                let mut hosts = write(&self.hosts);
-                if hosts.len() <= index {
-                    hosts.resize(index + 1, HostSlot::Unseen);
-                }
-                if let HostSlot::Unseen = hosts[index] {
-                    hosts[index] = self.set_up_host(driver, device);
-                }
-                hosts[index].clone()
-            }
-            known => known,
-        };
-        match slot {
-            HostSlot::Pooled(host) => Ok(host),
-            HostSlot::Unpooled(reason) => Err(reason),
-            HostSlot::Unseen => Err(Passthrough::NoHostPoolSupport),
+        match self.hosts.set_up_once(index, || self.set_up_host(driver, device)) {
+            PoolSlot::Pooled(host) => Ok(host),
+            PoolSlot::Unpooled(reason) => Err(reason),
+            PoolSlot::Unseen => Err(Passthrough::NoHostPoolSupport),
         }
     }
 
-    fn set_up_host(&self, driver: &impl Gpu, device: &Device) -> HostSlot {
+    fn set_up_host(&self, driver: &impl Gpu, device: &Device) -> PoolSlot {
         let ordinal = device.ordinal;
         match driver.device_count() {
             Ok(1) => {}
             Ok(_) => {
                 log::info!("several devices: pinned host allocations pass through");
-                return HostSlot::Unpooled(Passthrough::SeveralDevices);
+                return PoolSlot::Unpooled(Passthrough::SeveralDevices);
             }
             Err(e) => {
                 log::warn!("cannot count the devices ({e:?}): pinned host allocations pass through");
-                return HostSlot::Unpooled(Passthrough::NoHostPoolSupport);
+                return PoolSlot::Unpooled(Passthrough::NoHostPoolSupport);
             }
         }
         match driver.supports_host_pools(ordinal) {
             Ok(true) => {}
             Ok(false) | Err(_) => {
                 log::info!("device {ordinal}: no host memory pools in this driver or device: pinned host allocations pass through");
-                return HostSlot::Unpooled(Passthrough::NoHostPoolSupport);
+                return PoolSlot::Unpooled(Passthrough::NoHostPoolSupport);
             }
         }
         match Device::create(driver, ordinal, device.context, &self.config, true) {
             Ok(host) => {
                 log::debug!("device {ordinal}: pinned host memory pool ready");
-                HostSlot::Pooled(Arc::new(host))
+                PoolSlot::Pooled(Arc::new(host))
             }
             Err(e) => {
                 log::warn!("device {ordinal}: setting up the host memory pool failed ({e:?}): pinned host allocations pass through");
-                HostSlot::Unpooled(Passthrough::NoHostPoolSupport)
+                PoolSlot::Unpooled(Passthrough::NoHostPoolSupport)
             }
         }
     }
 
-    fn pooled_devices(&self) -> Vec<Arc<Device>> {
-        let devices = read(&self.devices);
-        devices
-            .iter()
-            .filter_map(|slot| match slot {
-                DeviceSlot::Pooled(device) => Some(Arc::clone(device)),
-                _ => None,
-            })
-            .collect()
-    }
-
     /// The pooled device whose primary context is `context`, if any.
     fn pooled_device_of(&self, context: Context) -> Option<Arc<Device>> {
-        read(&self.devices).iter().find_map(|slot| match slot {
-            DeviceSlot::Pooled(device) if device.context == context => Some(Arc::clone(device)),
-            _ => None,
-        })
+        self.devices.find(|device| device.context == context)
     }
 
     /// The pool of the current context's device, set up on first use.
@@ -772,25 +775,8 @@ impl Allocator {
         }
         let ordinal = driver.current_device().map_err(|_| Passthrough::NoContext)?;
         let index = usize::try_from(ordinal).map_err(|_| Passthrough::NoContext)?;
-        let known = {
-            let devices = read(&self.devices);
-            devices.get(index).cloned().unwrap_or_default()
-        };
-        let slot = match known {
-            DeviceSlot::Unseen => {
-                let mut devices = write(&self.devices);
-                if devices.len() <= index {
-                    devices.resize(index + 1, DeviceSlot::Unseen);
-                }
-                if let DeviceSlot::Unseen = devices[index] {
-                    devices[index] = self.set_up(driver, ordinal, context);
-                }
-                devices[index].clone()
-            }
-            known => known,
-        };
-        match slot {
-            DeviceSlot::Pooled(device) if device.context == context => {
+        match self.devices.set_up_once(index, || self.set_up(driver, ordinal, context)) {
+            PoolSlot::Pooled(device) if device.context == context => {
                 if driver.context_id(context).ok() == Some(device.context_id) {
                     Ok(device)
                 } else {
@@ -799,8 +785,8 @@ impl Allocator {
                 }
             }
             // Set up is left for when the primary context is current.
-            DeviceSlot::Pooled(_) | DeviceSlot::Unseen => Err(Passthrough::ForeignContext),
-            DeviceSlot::Unpooled => Err(Passthrough::NoPoolSupport),
+            PoolSlot::Pooled(_) | PoolSlot::Unseen => Err(Passthrough::ForeignContext),
+            PoolSlot::Unpooled(reason) => Err(reason),
         }
     }
 
@@ -822,28 +808,28 @@ impl Allocator {
         current == device.context && driver.context_id(current).ok() == Some(device.context_id)
     }
 
-    fn set_up(&self, driver: &impl Gpu, ordinal: i32, context: Context) -> DeviceSlot {
+    fn set_up(&self, driver: &impl Gpu, ordinal: i32, context: Context) -> PoolSlot {
         match driver.supports_pools(ordinal) {
             Ok(true) => {}
             Ok(false) => {
                 log::info!("device {ordinal} has no memory pool support: its allocations pass through");
-                return DeviceSlot::Unpooled;
+                return PoolSlot::Unpooled(Passthrough::NoPoolSupport);
             }
             Err(e) => {
                 log::warn!("device {ordinal}: cannot query pool support ({e:?}): passing through");
-                return DeviceSlot::Unpooled;
+                return PoolSlot::Unpooled(Passthrough::NoPoolSupport);
             }
         }
         if driver.active_primary_context(ordinal).ok().flatten() != Some(context) {
             // A context of the program's own: set up when the primary one is current.
             log::debug!("device {ordinal}: current context is not the primary one");
-            return DeviceSlot::Unseen;
+            return PoolSlot::Unseen;
         }
         let device = match Device::create(driver, ordinal, context, &self.config, false) {
             Ok(device) => device,
             Err(e) => {
                 log::warn!("device {ordinal}: setting up the pool failed ({e:?}): passing through");
-                return DeviceSlot::Unpooled;
+                return PoolSlot::Unpooled(Passthrough::NoPoolSupport);
             }
         };
         for &(owner, accessor) in lock(&self.peer_grants).iter() {
@@ -854,7 +840,7 @@ impl Allocator {
             }
         }
         log::debug!("device {ordinal}: pool ready");
-        DeviceSlot::Pooled(Arc::new(device))
+        PoolSlot::Pooled(Arc::new(device))
     }
 
     /// Tracks a new non-blocking stream (made in the current context): every
@@ -911,7 +897,7 @@ impl Allocator {
     pub fn begin_capture(&self, driver: Option<&impl Gpu>, stream: Stream, begin: impl FnOnce() -> bool) {
         let mut captures = write(&self.captures);
         if let (true, Some(driver)) = (captures.is_empty(), driver) {
-            for device in self.pooled_devices() {
+            for device in self.devices.pools() {
                 let marked = driver.with_context(device.context, || device.mark_before_capture(driver));
                 if let Err(e) = marked.and_then(|r| r) {
                     log::warn!("device {}: marking the legacy stream before a capture failed: {e:?}", device.ordinal);
@@ -975,21 +961,8 @@ impl Allocator {
     /// Forgets everything of device `ordinal` without calling the driver:
     /// its pools and the blocks of each never returned, if it had a pool.
     fn forget_device(&self, ordinal: i32) -> Option<Forgotten> {
-        let removed = {
-            let mut devices = write(&self.devices);
-            let slot = usize::try_from(ordinal).ok().and_then(|i| devices.get_mut(i));
-            match slot.map(std::mem::take) {
-                Some(DeviceSlot::Pooled(device)) => Some(device),
-                _ => None,
-            }
-        };
-        let host = {
-            let mut hosts = write(&self.hosts);
-            match usize::try_from(ordinal).ok().and_then(|i| hosts.get_mut(i)).map(std::mem::take) {
-                Some(HostSlot::Pooled(host)) => Some(host),
-                _ => None,
-            }
-        };
+        let removed = self.devices.take(ordinal);
+        let host = self.hosts.take(ordinal);
         let live = self.map.take_device(ordinal);
         self.exports.forget_device(ordinal);
         let deferred: Vec<(u64, Block)> = {
@@ -1016,17 +989,14 @@ impl Allocator {
     pub fn peer_access_changed(&self, driver: &impl Gpu, owner: i32, accessor: i32, allowed: bool) {
         // Lock order: devices, then grants (as `set_up`, under the devices' write lock).
         let device = {
-            let devices = read(&self.devices);
+            let devices = read(&self.devices.0);
             let mut grants = lock(&self.peer_grants);
             if allowed {
                 grants.insert((owner, accessor));
             } else {
                 grants.remove(&(owner, accessor));
             }
-            match usize::try_from(owner).ok().and_then(|i| devices.get(i)) {
-                Some(DeviceSlot::Pooled(device)) => Some(Arc::clone(device)),
-                _ => None,
-            }
+            usize::try_from(owner).ok().and_then(|i| devices.get(i)).and_then(PoolSlot::pool)
         };
         if let Some(device) = device {
             if let Err(e) = device.set_peer_access(driver, accessor, allowed) {
