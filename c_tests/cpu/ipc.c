@@ -47,6 +47,34 @@ static int finish(pid_t pid) {
 
 #define EXPECT(call, code) CHECK((int)(call) == (code))
 
+/* A child in `role` that has opened the handle(s) in `hex` and holds them
+ * until told ('g') to go on; talks to the parent over two pipes. */
+struct holder {
+  pid_t pid;
+  int to, from; /* the parent's ends */
+};
+
+/* Starts the child and returns once it says the block is open ('o'). */
+static struct holder hold_open(const char *role, const char *hex) {
+  int to_child[2], from_child[2];
+  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+  struct holder h = {start(role, hex, to_child[0], from_child[1]), to_child[1], from_child[0]};
+  close(to_child[0]);
+  close(from_child[1]);
+  char byte = 0;
+  CHECK(read(h.from, &byte, 1) == 1 && byte == 'o');
+  return h;
+}
+
+/* Tells the child to go on, and returns its exit status. */
+static int let_go(struct holder h) {
+  CHECK(write(h.to, "g", 1) == 1);
+  int status = finish(h.pid);
+  close(h.to);
+  close(h.from);
+  return status;
+}
+
 /* Opens, checks the codes, holds the block until told, then closes it. */
 static int importer(const char *hex) {
   cudaIpcMemHandle_t h = from_hex(hex), other = from_hex(hex + 2 * sizeof h);
@@ -190,13 +218,7 @@ int main(int argc, char **argv) {
   char hex[257];
   to_hex(&h, hex);
   to_hex(&other_handle, hex + 2 * sizeof h);
-  int to_child[2], from_child[2];
-  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
-  pid_t pid = start("importer", hex, to_child[0], from_child[1]);
-  close(to_child[0]);
-  close(from_child[1]);
-  char byte = 0;
-  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  struct holder importer_child = hold_open("importer", hex);
   int out[2];
   int pool_descriptors = inherited_by_child() - inherited_before;
   printf("pool descriptors a child inherits: %d\n", pool_descriptors);
@@ -214,10 +236,7 @@ int main(int argc, char **argv) {
   CHECK(!reused);
   CHECK(fakecuda_ptr_info(p, &info) == 1); /* still allocated in its pool */
   printf("held while the importer has it open: %s\n", !reused && fakecuda_ptr_info(p, &info) ? "yes" : "no");
-  CHECK(write(to_child[1], "g", 1) == 1);
-  printf("importer exit status %d\n", finish(pid));
-  close(to_child[1]);
-  close(from_child[0]);
+  printf("importer exit status %d\n", let_go(importer_child));
   for (int i = 0; i < 8; i++) CHECK_CUDA(cudaFree(others[i]));
   CHECK_CUDA(cudaFree(other));
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -229,17 +248,10 @@ int main(int argc, char **argv) {
   CHECK_CUDA(cudaMalloc(&left, MiB));
   CHECK_CUDA(cudaIpcGetMemHandle(&h, left));
   to_hex(&h, hex);
-  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
-  pid = start("leaver", hex, to_child[0], from_child[1]);
-  close(to_child[0]);
-  close(from_child[1]);
-  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  struct holder leaver = hold_open("leaver", hex);
   CHECK_CUDA(cudaFree(left)); /* held: the leaver has it open */
   CHECK(fakecuda_ptr_info(left, &info) == 1);
-  CHECK(write(to_child[1], "g", 1) == 1);
-  printf("leaver exit status %d\n", finish(pid));
-  close(to_child[1]);
-  close(from_child[0]);
+  printf("leaver exit status %d\n", let_go(leaver));
   freed_then = freed_once_released(left);
   printf("freed once the importer exited without closing it: %s\n", freed_then ? "yes" : "no");
   CHECK(freed_then);
@@ -250,19 +262,12 @@ int main(int argc, char **argv) {
   CHECK_CUDA(cudaMalloc(&before_reset, MiB));
   CHECK_CUDA(cudaIpcGetMemHandle(&h, before_reset));
   to_hex(&h, hex);
-  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
-  pid = start("leaver", hex, to_child[0], from_child[1]);
-  close(to_child[0]);
-  close(from_child[1]);
-  CHECK(read(from_child[0], &byte, 1) == 1 && byte == 'o');
+  struct holder across_reset = hold_open("leaver", hex);
   CHECK_CUDA(cudaFree(before_reset));
   CHECK_CUDA(cudaDeviceReset());
   void *after_reset = NULL;
   CHECK_CUDA(cudaMalloc(&after_reset, MiB));
-  CHECK(write(to_child[1], "g", 1) == 1);
-  printf("leaver across a reset exit status %d\n", finish(pid));
-  close(to_child[1]);
-  close(from_child[0]);
+  printf("leaver across a reset exit status %d\n", let_go(across_reset));
   int intact = 1;
   for (int attempt = 0; attempt < 20; attempt++) { /* the server sees the lease end on its own */
     void *next = NULL;
@@ -284,7 +289,7 @@ int main(int argc, char **argv) {
   printf("open the handle of a freed block: %d\n", open_in_child(hex));
 
   CHECK(pipe(out) == 0);
-  pid = start("exporter", "-", -1, out[1]);
+  pid_t pid = start("exporter", "-", -1, out[1]);
   close(out[1]);
   char line[130] = {0};
   size_t got = 0;
