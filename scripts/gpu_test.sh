@@ -156,12 +156,23 @@ capture_modes@exit_thread_local|capture_modes|--exit-capturing thread_local|SOMA
 capture_modes@exit_relaxed|capture_modes|--exit-capturing relaxed|SOMA_STATS=1|1|-
 own_context|own_context|||1|-
 fork|fork|||1|-
+streams@past_limit|streams||SOMA_PENDING_FREE_LIMIT=0|1|-
+race@past_limit|race||SOMA_PENDING_FREE_LIMIT=0|1|-
+legacy_race@past_limit|legacy_race||SOMA_PENDING_FREE_LIMIT=0|1|-
+threads@past_limit|threads||SOMA_PENDING_FREE_LIMIT=0|1|-
+mixed@past_limit|mixed||SOMA_PENDING_FREE_LIMIT=0|1|-
+streams_destroyed@past_limit|streams_destroyed||SOMA_PENDING_FREE_LIMIT=0|1|-
+capture_modes@past_limit|capture_modes||SOMA_PENDING_FREE_LIMIT=0|1|-
 race@streams256|race|--streams 256||1|-
 race@threads16|race|--threads 16||1|-
 race@streams256#static|race.static|--streams 256||1|-
 race@threads16#static|race.static|--threads 16||1|-
 race@streams256#driver|race.driver|--streams 256||1|-
 race@threads16#driver|race.driver|--threads 16||1|-
+race@streams256_past_limit|race|--streams 256|SOMA_PENDING_FREE_LIMIT=0|1|-
+race@threads16_past_limit|race|--threads 16|SOMA_PENDING_FREE_LIMIT=0|1|-
+race@threads16_past_limit#static|race.static|--threads 16|SOMA_PENDING_FREE_LIMIT=0|1|-
+race@threads16_past_limit#driver|race.driver|--threads 16|SOMA_PENDING_FREE_LIMIT=0|1|-
 EOF
 )
 # The same programs built with the static runtime (all of them) and as

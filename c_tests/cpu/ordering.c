@@ -4,8 +4,9 @@
  * Under the shim, with non-blocking streams (SOMA_FREE_ORDER=join, the
  * default), cudaFree queues the block and the shim's thread soon records an
  * event on the legacy stream (which covers blocking streams) and on every
- * live non-blocking stream (cudaStreamCreateWithFlags / WithPriority), and
- * keeps the block until the GPU has passed them; with
+ * live non-blocking stream (cudaStreamCreateWithFlags / WithPriority) that
+ * cuStreamQuery does not find idle, and keeps the block until the GPU has
+ * passed them; with
  * SOMA_FREE_ORDER=barrier the cudaFree records them itself. The double checks
  * the outcome, whatever the mechanism: a block handed out again from the
  * shim's cache must not be used alongside the work of its old owner
@@ -24,12 +25,12 @@ struct fakecuda_stream_stats st(cudaStream_t s) {
   return x;
 }
 
-/* An event recorded on the legacy stream and on each nb[i] since the counts
- * `legacy` and `rec`. */
-static int recorded_everywhere(uint64_t legacy, const uint64_t *rec, cudaStream_t *nb, int n_nb) {
+/* Since the counts `legacy` and `seen`: an event recorded on the legacy
+ * stream, and each nb[i] recorded on or asked whether it is idle. */
+static int ordered_after_all(uint64_t legacy, const uint64_t *seen, cudaStream_t *nb, int n_nb) {
   if (st(NULL).records <= legacy) return 0;
   for (int i = 0; i < n_nb; i++)
-    if (st(nb[i]).records <= rec[i]) return 0;
+    if (st(nb[i]).records + st(nb[i]).queries <= seen[i]) return 0;
   return 1;
 }
 
@@ -41,8 +42,8 @@ static void free_and_check(void *p, cudaStream_t *nb, int n_nb, cudaStream_t blk
   int pool = info.kind == FAKECUDA_POOL;
   size_t size = info.size;
   int sync_expected = !under_shim() || !pool || env_flag("SOMA_FREE_SYNC", 0);
-  uint64_t rec_before[8];
-  for (int i = 0; i < n_nb; i++) rec_before[i] = st(nb[i]).records;
+  uint64_t seen_before[8];
+  for (int i = 0; i < n_nb; i++) seen_before[i] = st(nb[i]).records + st(nb[i]).queries;
   uint64_t legacy_before = st(NULL).records;
   struct fakecuda_counters b = snap();
   uint64_t waits = fakecuda_thread_waits();
@@ -61,11 +62,11 @@ static void free_and_check(void *p, cudaStream_t *nb, int n_nb, cudaStream_t blk
   }
   if (pool) {
     /* the free is ordered after the legacy stream and every live non-blocking stream */
-    if (!EVENTUALLY(recorded_everywhere(legacy_before, rec_before, nb, n_nb))) {
+    if (!EVENTUALLY(ordered_after_all(legacy_before, seen_before, nb, n_nb))) {
       CHECK(st(NULL).records > legacy_before);
       for (int i = 0; i < n_nb; i++)
-        if (st(nb[i]).records <= rec_before[i]) {
-          fprintf(stderr, "%s:%d: %s: no event recorded on live non-blocking stream #%d within %d ms\n",
+        if (st(nb[i]).records + st(nb[i]).queries <= seen_before[i]) {
+          fprintf(stderr, "%s:%d: %s: live non-blocking stream #%d neither recorded on nor queried within %d ms\n",
                   __FILE__, __LINE__, label, i, SETTLE_MS);
           check_failures++;
         }

@@ -51,7 +51,7 @@ struct CUstream_st {
   uint64_t clock, last_work, ops;
   uint64_t last_untargeted;     /* last work that may touch any memory */
   struct vc vc;
-  uint64_t records, waits, work, pool_allocs, pool_frees;
+  uint64_t records, waits, queries, work, pool_allocs, pool_frees;
   struct capture *cap;
 };
 
@@ -1054,6 +1054,7 @@ CUresult cuStreamQuery(CUstream hStream) {
   struct CUstream_st *s;
   CUresult r = get_stream(hStream, &s);
   if (r) RET(r);
+  s->queries++;
   if (g_lazy && !s->cap && !host_covers(&s->vc)) RET(CUDA_ERROR_NOT_READY);
   RET(stream_sync(hStream, 0));
 }
@@ -1964,6 +1965,7 @@ int fakecuda_stream_stats(const void *stream, struct fakecuda_stream_stats *out)
   out->is_legacy = s->is_legacy;
   out->is_per_thread = s->is_per_thread;
   out->records = s->records;
+  out->queries = s->queries;
   out->waits = s->waits;
   out->work = s->work;
   out->pool_allocs = s->pool_allocs;

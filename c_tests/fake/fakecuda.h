@@ -185,6 +185,7 @@ struct fakecuda_stream_stats {
   int is_legacy, is_per_thread;
   uint64_t records;    /* cuEventRecord on it */
   uint64_t waits;      /* cuStreamWaitEvent on it */
+  uint64_t queries;    /* cuStreamQuery on it */
   uint64_t work;       /* fakecuda_launch, cudaMemset, cudaMemcpy on it */
   uint64_t pool_allocs, pool_frees; /* cuMemAllocFromPoolAsync/cuMemFreeAsync on it */
   int capturing;       /* part of an active capture */

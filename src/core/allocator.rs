@@ -289,9 +289,11 @@ impl Allocator {
     }
 
     /// A block of `size` bytes: one whose earlier work has passed, else a
-    /// new one from the pool. Past the pending-free limit, and when the pool
-    /// is out of memory, this thread first reclaims earlier frees (waiting
-    /// for them, then trimming the pool) before it gives up.
+    /// new one from the pool. Past the pending-free bound this thread first
+    /// orders the queued frees itself (device memory: behind a barrier, so
+    /// they are reused at once; pinned host memory: waiting for the oldest),
+    /// and when the pool is out of memory it waits for every free, then
+    /// trims the pool, before it gives up.
     fn serve(&self, driver: &impl Gpu, device: &Device, size: u64) -> Result<Served, AllocFailure> {
         if let Some(ptr) = device.take_cached(size) {
             return Ok(Served::Cached(ptr));
@@ -304,9 +306,13 @@ impl Allocator {
         let in_use = counters.in_use.load(Ordering::Relaxed);
         let wait = if !quiet {
             None
-        } else if device.over_pending_limit(in_use) {
-            counters.pending_waits.fetch_add(1, Ordering::Relaxed);
-            Some(Wait::UnderLimit(in_use))
+        } else if device.over_pending_bound(in_use) {
+            if device.host {
+                counters.pending_waits.fetch_add(1, Ordering::Relaxed);
+                Some(Wait::UnderBound(in_use))
+            } else {
+                Some(Wait::Ordered)
+            }
         } else if !self.reclaimer.running() && device.holds_frees() {
             Some(Wait::No) // no thread does it (and, with none queued, nothing to do: no lock taken)
         } else {
@@ -523,22 +529,22 @@ impl Allocator {
     }
 
     /// The program's own `cudaFreeAsync` of a pool block (`real_free`): the
-    /// streams that may use the block again are ordered after that free
-    /// before any legacy-stream allocation can be handed it. Lock order:
-    /// captures, streams, then the device's legacy order.
+    /// streams that may use the block again are ordered after the work
+    /// before that free before it is issued, so before any legacy-stream
+    /// allocation can be handed it. (During a capture the free runs with the
+    /// graph, after the capture.)
     fn program_frees(&self, driver: &impl Gpu, device: &Device, real_free: impl FnOnce() -> bool) {
         let captures = read(&self.captures);
-        let registry = read(&self.streams);
-        let _reuse_waits = device.hold_legacy_reuse();
-        if !real_free() || !captures.is_empty() {
-            return; // failed, or captured: the free runs with the graph, after the capture
+        if captures.is_empty() {
+            let registry = read(&self.streams);
+            let ordered = driver.with_context(device.context, || {
+                device.order_before_program_free(driver, &registry.predecessors(device.context))
+            });
+            if let Err(e) = ordered.and_then(|r| r) {
+                log::warn!("device {}: ordering streams before a cudaFreeAsync failed: {e:?}", device.ordinal);
+            }
         }
-        let ordered = driver.with_context(device.context, || {
-            device.program_freed(driver, &registry.predecessors(device.context))
-        });
-        if let Err(e) = ordered.and_then(|r| r) {
-            log::warn!("device {}: ordering streams after a cudaFreeAsync failed: {e:?}", device.ordinal);
-        }
+        real_free();
     }
 
     /// Counts a pool block leaving the program's hands.

@@ -27,7 +27,11 @@
 //! block from it has nothing to wait for, so it is usable at once from every
 //! stream. (Measured: a pool almost never reuses a block freed behind a
 //! cross-stream event wait, so freeing in GPU order would make the pool grow
-//! instead; see docs/FACTS.md, "Reuse across streams".)
+//! instead; see docs/FACTS.md, "Reuse across streams".) While the frees held
+//! pass `SOMA_PENDING_FREE_LIMIT` (the program runs far ahead of the GPU),
+//! batches are freed behind barriers as in `barrier` order instead, and
+//! allocations move to the legacy stream to reuse them at once: the pool
+//! stays near what the program holds, and no thread waits on the host.
 //!
 //! *Pinned host memory* (`cudaMallocHost`): a second `Device` of the same
 //! context, on a host memory pool, always frees as in `join` order whatever
@@ -36,19 +40,17 @@
 //! and an allocation waits for its pool stream before it returns.
 //!
 //! Freed blocks not yet handed out again (pending or cached) may exceed
-//! what the program holds by `SOMA_PENDING_FREE_LIMIT` at most before the
-//! pool grows: past that, and when the pool is out of memory, an allocation
-//! gives the cache back to the pool and waits on the host for the oldest
-//! frees. So the pool stays within about twice the program's peak.
+//! `SOMA_PENDING_FREE_LIMIT` and what the program holds at most before the
+//! pool grows: past that an allocation orders the queued frees itself (for
+//! pinned host memory, waits on the host for the oldest), and when the pool
+//! is out of memory it waits for every free and gives the cache back.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::AtomicBool;
-use std::sync::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use super::config::{Config, FreeOrder, PoolChoice};
-use super::locks::{read, write};
-use super::pending::{PendingFrees, Predecessors, Reclaiming};
+use super::pending::{Keep, PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
 use super::stats::{DeviceCounters, PoolPeaks};
@@ -70,9 +72,13 @@ pub struct Device {
     pool_stream: Stream,
     /// Waits for the work before each batch of frees; its done events pass in order.
     join_stream: Stream,
-    /// No non-blocking stream at the last free: allocations and frees go on
-    /// the legacy stream.
+    /// No non-blocking stream at the last free, or barrier order:
+    /// allocations and frees go on the legacy stream.
     on_legacy_stream: AtomicBool,
+    /// Join order, and a batch was freed on the legacy stream behind a
+    /// barrier because the frees held passed the limit: allocations go on
+    /// the legacy stream to reuse its blocks at once.
+    reusing_barrier_frees: AtomicBool,
     /// Recorded on the legacy stream where a non-blocking stream must wait
     /// for the work before frees made there (see `leave_legacy_stream`).
     legacy_free_mark: Event,
@@ -87,10 +93,6 @@ pub struct Device {
     memory_limit: Option<u64>,
     /// Frees in join order, and the blocks they become.
     pending: PendingFrees,
-    /// Read by allocations on the legacy stream; written while a block may
-    /// become reusable there before every non-blocking stream waits for the
-    /// work before its free (a barrier batch, the program's `cudaFreeAsync`).
-    legacy_reuse: RwLock<()>,
 }
 
 /// Why an allocation did not come from the pool.
@@ -105,10 +107,16 @@ pub enum AllocFailure {
 /// How long a reclaim may make its thread wait on the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wait {
-    /// Never (the reclaimer): join, collect what has passed, age the cache.
+    /// Never (the reclaimer): order the queued frees, collect what has
+    /// passed, age the cache; nothing if another thread is at it.
     No,
-    /// Until held bytes are back under the limit, given the bytes in use.
-    UnderLimit(u64),
+    /// As `No`, but after another thread's ordering in progress, never for
+    /// the GPU (device memory past the bound: a barrier makes the frees
+    /// reusable at once).
+    Ordered,
+    /// Until held bytes are back under the bound, given the bytes in use
+    /// (pinned host memory: its frees cannot be reused in a stream's order).
+    UnderBound(u64),
     /// Until every free has passed, and give the cache back to the pool
     /// (out of memory).
     All,
@@ -161,6 +169,7 @@ impl Device {
             join_stream: driver.create_nonblocking_stream()?,
             // Until a free has seen the streams, allocations stay off the legacy stream.
             on_legacy_stream: AtomicBool::new(false),
+            reusing_barrier_frees: AtomicBool::new(false),
             legacy_free_mark: driver.create_event()?,
             mark_waited_on_gpu_only: AtomicBool::new(false),
             // The CPU writes a host block at once: only the host's own
@@ -170,7 +179,6 @@ impl Device {
             pending_free_limit: config.pending_free_limit.resolve(total),
             memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
             pending: PendingFrees::default(),
-            legacy_reuse: RwLock::new(()),
         })
     }
 
@@ -185,9 +193,15 @@ impl Device {
     }
 
     /// Whether the blocks freed and not yet handed out again (pending or
-    /// cached) exceed both the limit and what the program holds (`in_use`):
-    /// then the pool grows no further before this thread reclaims them.
-    pub fn over_pending_limit(&self, in_use: u64) -> bool {
+    /// cached) exceed the limit: then batches are freed behind barriers.
+    fn over_pending_limit(&self) -> bool {
+        self.held_bytes() > self.pending_free_limit
+    }
+
+    /// Whether they exceed both the limit and what the program holds
+    /// (`in_use`): then the pool grows no further before this thread
+    /// reclaims them.
+    pub fn over_pending_bound(&self, in_use: u64) -> bool {
         self.held_bytes() > self.pending_free_limit.max(in_use)
     }
 
@@ -201,16 +215,15 @@ impl Device {
     /// fail), nor can one begin before this returns. `trim`: give the pool's
     /// unused memory back to the driver first (out of memory).
     pub fn alloc(&self, driver: &impl Gpu, size: u64, legacy_allowed: bool, trim: bool) -> Result<u64, AllocFailure> {
-        let stream = if legacy_allowed && self.on_legacy_stream.load(Relaxed) {
+        let stream = if legacy_allowed && self.reuses_on_legacy_stream() {
             Stream::LEGACY
         } else {
             self.pool_stream
         };
         if trim {
             log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
-            self.trim(driver, stream)?;
+            self.trim(driver, legacy_allowed)?;
         }
-        let _ordered = (stream == Stream::LEGACY).then(|| read(&self.legacy_reuse));
         let ptr = driver.alloc_from_pool(size, self.pool, stream).map_err(|e| {
             if e.is_out_of_memory() {
                 AllocFailure::OutOfMemory
@@ -225,7 +238,7 @@ impl Device {
                 log::warn!("device {}: giving back a block over the memory limit failed, leaking it: {e:?}", self.ordinal);
             }
             if trim {
-                self.trim(driver, stream)?; // the last attempt: the pool ends within the limit
+                self.trim(driver, legacy_allowed)?; // the last attempt: the pool ends within the limit
             }
             return Err(AllocFailure::OverLimit);
         }
@@ -243,12 +256,13 @@ impl Device {
 
     /// Returns the pool's unused memory to the driver. It releases only
     /// blocks whose free the GPU has passed: the host waits for the streams
-    /// blocks are freed on (`stream`, and the pool stream).
-    fn trim(&self, driver: &impl Gpu, stream: Stream) -> Result<(), AllocFailure> {
-        driver.synchronize_stream(stream).map_err(AllocFailure::Driver)?;
-        if stream != self.pool_stream {
-            driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
+    /// blocks are freed on (the pool stream, and the legacy stream unless a
+    /// capture forbids it: `legacy_allowed`).
+    fn trim(&self, driver: &impl Gpu, legacy_allowed: bool) -> Result<(), AllocFailure> {
+        if legacy_allowed {
+            driver.synchronize_stream(Stream::LEGACY).map_err(AllocFailure::Driver)?;
         }
+        driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
         driver.trim(self.pool).map_err(AllocFailure::Driver)
     }
 
@@ -260,22 +274,28 @@ impl Device {
     pub fn reclaim(&self, driver: &impl Gpu, after: &Predecessors, map: &PointerMap, wait: Wait, counters: &DeviceCounters) -> Activity {
         let reclaiming = match wait {
             Wait::No => self.pending.try_reclaiming(),
-            Wait::UnderLimit(_) | Wait::All => Some(self.pending.reclaiming()),
+            Wait::Ordered | Wait::UnderBound(_) | Wait::All => Some(self.pending.reclaiming()),
         };
         let Some(mut r) = reclaiming else {
             // Another thread is at it.
             return if self.pending.busy() { Activity::Pending(Duration::ZERO) } else { Activity::Idle };
         };
         let started = Instant::now();
-        let batch = match self.order {
-            FreeOrder::Join => self.pending.join(&mut r, driver, self.join_stream, after),
-            FreeOrder::Barrier => {
-                self.pending.free_behind_barrier(&mut r, driver, self.legacy_free_mark, after, map, &self.legacy_reuse)
-            }
+        let to_pool = |ptr, behind_barrier| self.return_to_pool(driver, ptr, behind_barrier);
+        // Host memory is never reused in a stream's order (see the module doc).
+        let limited = !self.host && self.order == FreeOrder::Join && self.over_pending_limit();
+        let batch = if self.order == FreeOrder::Barrier || limited {
+            self.pending.order_behind_barrier(&mut r, driver, self.join_stream, after)
+        } else {
+            self.pending.join(&mut r, driver, self.join_stream, after)
         };
         match batch {
             Ok(true) => {
                 counters.batches.fetch_add(1, Relaxed);
+                if limited {
+                    counters.limit_barriers.fetch_add(1, Relaxed);
+                    self.reusing_barrier_frees.store(true, Relaxed);
+                }
             }
             Ok(false) => {}
             // A reset by a path the shim does not wrap destroys the context,
@@ -288,20 +308,27 @@ impl Device {
         }
         let ordering = started.elapsed();
         self.pending.collect_passed(&mut r, driver);
-        let to_pool = |ptr| self.return_to_pool(driver, ptr);
         match wait {
-            Wait::No => self.pending.release_cached(false, map, to_pool),
-            Wait::UnderLimit(in_use) => {
+            // Device memory: the newest frees stay cached within the limit,
+            // the rest is of more use to the pool. (Pinned host memory: the
+            // host waits for the rest instead, `UnderBound`.)
+            Wait::No | Wait::Ordered => {
+                let within = if self.host { u64::MAX } else { self.pending_free_limit };
+                self.pending.release_cached(Keep::Young { within }, map, to_pool)
+            }
+            Wait::UnderBound(in_use) => {
                 // Cached blocks of other sizes are of use to the pool, not to this request.
-                self.pending.release_cached(true, map, to_pool);
-                while self.over_pending_limit(in_use) && self.wait_oldest(&mut r, driver) {}
+                self.pending.release_cached(Keep::None, map, to_pool);
+                while self.over_pending_bound(in_use) && self.wait_oldest(&mut r, driver) {}
             }
             Wait::All => {
                 while self.wait_oldest(&mut r, driver) {}
-                self.pending.release_cached(true, map, to_pool);
+                self.pending.release_cached(Keep::None, map, to_pool);
             }
         }
-        if self.pending.busy() {
+        if limited {
+            Activity::PastLimit
+        } else if self.pending.busy() {
             Activity::Pending(ordering)
         } else {
             Activity::Idle
@@ -321,10 +348,14 @@ impl Device {
         })
     }
 
-    /// Frees a block whose work the GPU has passed on the idle pool stream:
-    /// the pool can hand it out again at once.
-    fn return_to_pool(&self, driver: &impl Gpu, ptr: u64) {
-        if let Err(e) = driver.free_async(ptr, self.pool_stream) {
+    /// Gives a cached block back to the pool: one whose work the GPU has
+    /// passed on the idle pool stream, where the pool can hand it out again
+    /// at once; one ordered behind a barrier on the legacy stream, whose
+    /// work may still run, where allocations reuse it in that order (and
+    /// others only once the GPU has passed it).
+    fn return_to_pool(&self, driver: &impl Gpu, ptr: u64, behind_barrier: bool) {
+        let stream = if behind_barrier { Stream::LEGACY } else { self.pool_stream };
+        if let Err(e) = driver.free_async(ptr, stream) {
             log::warn!("device {}: returning a block to the pool failed: {e:?}", self.ordinal);
         }
     }
@@ -358,6 +389,12 @@ impl Device {
         Ok(if on_legacy { FreePath::Barrier } else { FreePath::Queued })
     }
 
+    /// Whether allocations go on the legacy stream, where blocks freed there
+    /// are reused at once.
+    fn reuses_on_legacy_stream(&self) -> bool {
+        self.on_legacy_stream.load(Relaxed) || self.reusing_barrier_frees.load(Relaxed)
+    }
+
     /// Sets whether allocations go on the legacy stream; true if that changed.
     /// Written only on a change: every free of every thread asks.
     fn switch_streams(&self, on_legacy: bool) -> bool {
@@ -376,7 +413,9 @@ impl Device {
     /// frees are deferred during captures, so it covers them all); so does
     /// every stream made after it until the host has waited for a mark.
     pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<bool> {
-        let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed);
+        // Both swapped: after the host waits for the mark, every block freed
+        // on the legacy stream so far has passed its free.
+        let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed) | self.reusing_barrier_frees.swap(false, Relaxed);
         if !was_on_legacy && !self.mark_waited_on_gpu_only.load(Relaxed) {
             return Ok(false); // frees were already joined: none was reused on the legacy stream
         }
@@ -390,11 +429,6 @@ impl Device {
             return Err(e);
         }
         Ok(true)
-    }
-
-    /// Keeps allocations off the legacy stream until the guard is dropped.
-    pub fn hold_legacy_reuse(&self) -> RwLockWriteGuard<'_, ()> {
-        write(&self.legacy_reuse)
     }
 
     /// Waits on the host for the mark `leave_legacy_stream` recorded (which
@@ -420,20 +454,21 @@ impl Device {
     /// far, for a non-blocking stream made during it (`leave_legacy_stream`).
     /// The device's context must be current.
     pub fn mark_before_capture(&self, driver: &impl Gpu) -> CuResult<()> {
-        if !self.on_legacy_stream.load(Relaxed) {
+        if !self.reuses_on_legacy_stream() {
             return Ok(());
         }
         driver.record(self.legacy_free_mark, Stream::LEGACY)
     }
 
-    /// The program freed one of the pool's blocks itself (`cudaFreeAsync`).
-    /// On the legacy stream the pool may hand it out again in that stream's
-    /// order, so the live non-blocking streams (`after`, under `barrier`)
-    /// must wait for the work before that free as they wait for the shim's
-    /// own frees there. (A stream made later waits anyway.) The device's
-    /// context must be current, and no capture in progress.
-    pub fn program_freed(&self, driver: &impl Gpu, after: &Predecessors) -> CuResult<()> {
-        if !self.on_legacy_stream.load(Relaxed) || after.nonblocking.is_empty() {
+    /// The program is about to free one of the pool's blocks itself
+    /// (`cudaFreeAsync`). On the legacy stream the pool may hand it out again
+    /// in that stream's order as soon as the free is issued, so the live
+    /// non-blocking streams (`after`) wait first for the work issued before
+    /// it, as they wait for the shim's own frees there. (A stream made later
+    /// waits anyway.) The device's context must be current, and no capture
+    /// in progress.
+    pub fn order_before_program_free(&self, driver: &impl Gpu, after: &Predecessors) -> CuResult<()> {
+        if !self.reuses_on_legacy_stream() || after.nonblocking.is_empty() {
             return Ok(()); // the pool stream reuses it only once the GPU has passed the free
         }
         driver.record(self.legacy_free_mark, Stream::LEGACY)?;

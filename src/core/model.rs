@@ -284,6 +284,17 @@ impl SimGpu {
         s.calls.iter().filter(|(name, _)| !context_questions.contains(name)).map(|(_, n)| n).sum()
     }
 
+    /// Times the shim made the host wait for the GPU.
+    pub fn host_waits(&self) -> u64 {
+        let s = self.state();
+        ["wait_for", "synchronize_stream", "synchronize_context"].iter().filter_map(|name| s.calls.get(name)).sum()
+    }
+
+    /// The most memory the pools have held at once, all together.
+    pub fn reserved_high(&self) -> u64 {
+        self.state().pools.values().map(|p| p.reserved_high).sum()
+    }
+
     /// Whether program work issued before the free of `touch` is unfinished.
     pub fn work_before_free_unfinished(&self, touch: Touch) -> bool {
         let s = self.state();
@@ -507,6 +518,12 @@ impl Gpu for SimGpu {
         s.check_capture(key, "stream synchronize")?;
         let last = s.streams.get(&key).and_then(|st| st.last);
         s.host_wait(last, "a stream synchronize")
+    }
+
+    fn is_idle(&self, stream: Stream) -> bool {
+        let s = self.note("is_idle");
+        let key = stream.0 as usize;
+        s.streams.get(&key).is_some_and(|st| st.capture.is_none() && st.last.is_none_or(|op| s.ops[op].done))
     }
 
     fn stream_context(&self, _stream: Stream) -> CuResult<Context> {

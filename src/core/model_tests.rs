@@ -409,6 +409,13 @@ proptest! {
     }
 
     #[test]
+    fn no_block_is_reused_before_earlier_work_past_the_limit((actions, seed) in program()) {
+        // Every batch is ordered behind a barrier and its blocks reused at once.
+        let found = violations_of(&allocator(&[("SOMA_PENDING_FREE_LIMIT", "0")]), &actions, seed);
+        prop_assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
     fn no_block_is_reused_before_earlier_work_default_pool((actions, seed) in program()) {
         let found = violations_of(&allocator(&[("SOMA_POOL", "default")]), &actions, seed);
         prop_assert!(found.is_empty(), "{found:#?}");
@@ -552,27 +559,47 @@ fn frees_cost_no_driver_call_and_passed_blocks_come_back_without_one() {
     assert_eq!(calls_per_free, [0, 0, 0], "driver calls in a free with 1, 8 and 256 streams");
 }
 
-/// The program's thread waits for frees only past the pending limit, and
-/// memory held stays within it.
+/// Past the pending limit the program's thread never waits on the host for
+/// device memory: the queued frees are freed behind a barrier on the legacy
+/// stream and reused there at once, so the pool stays within the limit of
+/// what the program holds though the GPU runs nothing. Pinned host memory,
+/// which the CPU uses at once, waits for the oldest frees instead.
 #[test]
-fn past_the_pending_limit_an_allocation_waits_and_below_it_none_does() {
-    let gpu = SimGpu::new(9, CAPACITY);
-    let shim = allocator(&[("SOMA_PENDING_FREE_LIMIT", "4MiB")]);
-    let stream = gpu.program_stream(true);
-    Shim::stream_created(&shim, &gpu, stream);
-    for i in 0..20 {
-        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
-        gpu.launch(stream, touch); // never run until a wait forces it
-        gpu.program_freed(touch);
-        Shim::free(&shim, &gpu, ptr);
-        let waits = shim.stats.device(0).pending_waits.load(Ordering::Relaxed);
-        if i <= 4 {
-            assert_eq!(waits, 0, "a wait with {i} MiB pending, under the limit");
+fn past_the_pending_limit_device_frees_are_reused_at_once_and_host_frees_waited_for() {
+    for memory in [Memory::Device, Memory::Host { flags: 0 }] {
+        let gpu = SimGpu::new(9, CAPACITY);
+        let shim = allocator(&[("SOMA_PENDING_FREE_LIMIT", "4MiB")]);
+        let stream = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, stream);
+        for i in 0..20 {
+            let ptr = shim.alloc(&gpu, gpu.context(), MIB, 0, memory).expect("pooled");
+            let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
+            gpu.launch(stream, touch); // never run until a wait forces it
+            gpu.program_freed(touch);
+            let kind = if memory.is_host() { MemoryKind::Host } else { MemoryKind::Device };
+            assert!(matches!(shim.free(&gpu, ptr, kind), Freed::Issued { .. }));
+            let waits = shim.stats.counters(0, memory.is_host()).pending_waits.load(Ordering::Relaxed);
+            if memory.is_host() && i <= 4 {
+                assert_eq!(waits, 0, "a wait for pinned frees with {i} MiB freed, limit 4 MiB");
+            }
+            if !memory.is_host() {
+                // (An allocation of pinned memory waits for its pool stream, by design.)
+                assert_eq!(gpu.host_waits(), 0, "a host wait with {i} MiB freed, limit 4 MiB");
+            }
         }
+        let counters = shim.stats.counters(0, memory.is_host());
+        let (waits, barriers) = (counters.pending_waits.load(Ordering::Relaxed), counters.limit_barriers.load(Ordering::Relaxed));
+        if memory.is_host() {
+            // A wait covers every free joined with the one over the limit.
+            assert!((1..=4).contains(&waits), "{waits} waits for 20 frees of 1 MiB over a 4 MiB limit");
+            assert_eq!(barriers, 0, "host memory is never reused in a stream's order");
+        } else {
+            assert_eq!(waits, 0);
+            assert!(barriers >= 10, "{barriers} batches behind barriers for 15 frees past the limit");
+            let held = gpu.reserved_high();
+            assert!(held <= 6 * MIB, "the pool held {held} bytes: the limit, the block over it and the live one at most");
+        }
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "{memory:?}: {:?}", gpu.violations());
     }
-    // A wait covers every free joined with the one over the limit.
-    let waits = shim.stats.device(0).pending_waits.load(Ordering::Relaxed);
-    assert!((1..=4).contains(&waits), "{waits} waits for 20 frees of 1 MiB over a 4 MiB limit");
-    assert!(gpu.violations().is_empty(), "{:?}", gpu.violations());
 }

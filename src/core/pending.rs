@@ -16,10 +16,14 @@
 //! do). Blocks the cache keeps unused for long, and all of it when memory
 //! runs short, go back to the pool.
 //!
-//! Under `SOMA_FREE_ORDER=barrier` a batch is freed on the legacy stream
-//! behind waits on the GPU instead (`free_behind_barrier`): reused at once in
-//! that stream's order, with every non-blocking stream made to wait for the
-//! work before it, so nothing waits for the GPU to pass it.
+//! Under `SOMA_FREE_ORDER=barrier`, and while the frees held pass
+//! `SOMA_PENDING_FREE_LIMIT`, a batch is ordered behind a *barrier* on the
+//! GPU instead (`order_behind_barrier`): every stream, the legacy one and
+//! the non-blocking ones, waits for the work issued before it on all of
+//! them. Work issued on any stream after that runs after the old work, so
+//! its blocks go to the cache at once, before the GPU has passed anything.
+//! Such a block goes back to the pool in the legacy stream's order (the old
+//! work may still run), where only the legacy stream reuses it at once.
 //!
 //! Locks: the queue and the cache are held for a push or a pop, never over a
 //! driver call, so program threads never wait on a driver call of another's.
@@ -28,10 +32,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, RwLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::locks::{lock, try_lock, write};
+use super::locks::{lock, try_lock};
 use super::ptrmap::PointerMap;
 use crate::cuda::gpu::{CuResult, Event, Gpu, Stream};
 
@@ -60,6 +64,17 @@ struct Batch {
 struct Cached {
     ptr: u64,
     since: Instant,
+    /// Ordered behind a barrier: the work before its free may still run.
+    behind_barrier: bool,
+}
+
+/// Which cached blocks stay in the cache when the rest go back to the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Those cached lately, the newest first, while the blocks held
+    /// (pending and cached) stay within `within` bytes.
+    Young { within: u64 },
+    None,
 }
 
 #[derive(Default)]
@@ -164,7 +179,12 @@ impl PendingFrees {
             }
         };
         let recorded = (|| {
-            for stream in std::iter::once(&Stream::LEGACY).chain(after.nonblocking) {
+            // A non-blocking stream found idle has finished the work before
+            // the batch's frees: nothing to wait for (one call instead of two).
+            // The legacy stream is always waited for: its record also covers
+            // the blocking streams' work.
+            let busy = after.nonblocking.iter().filter(|stream| !driver.is_idle(**stream));
+            for stream in std::iter::once(&Stream::LEGACY).chain(busy) {
                 driver.record(scratch, *stream)?;
                 driver.wait_event(join_stream, scratch)?;
             }
@@ -183,24 +203,27 @@ impl PendingFrees {
         }
     }
 
-    /// Frees every queued block on the legacy stream behind a barrier on the
-    /// GPU, as the real `cudaFree` orders them on the host: the legacy stream
-    /// waits for the work issued so far on `after`'s streams and for its
-    /// tails, `mark` is recorded there, every stream of `after` waits for it,
-    /// and only then are the blocks freed there (leaving `map` first). So the
-    /// pool hands a block out again on the legacy stream after all work
-    /// before its free, and a non-blocking stream that uses it afterwards
-    /// already waits for that work. The device's context must be current, no
-    /// stream may be capturing, and `after` must stay the device's streams
+    /// Orders every queued block behind a barrier on the GPU, as the real
+    /// `cudaFree` orders them on the host, and caches them: `join_stream`
+    /// waits for the work issued so far on the legacy stream, on `after`'s
+    /// streams and for its tails, then every stream of `after` waits for it,
+    /// then the legacy stream does. Any stream that uses a block afterwards
+    /// runs after the work before its free: the legacy stream and the
+    /// blocking streams behind it, the non-blocking streams of `after`, and
+    /// streams made later (they wait for the legacy stream's work,
+    /// `Device::leave_legacy_stream`). The legacy stream is ordered after the
+    /// non-blocking streams last: from then on the pool may hand out there a
+    /// block the program freed on one of them (event dependencies), and every
+    /// non-blocking stream already waits for that free, so no allocation
+    /// needs to be held off meanwhile. The device's context must be current,
+    /// no stream may be capturing, and `after` must stay the device's streams
     /// until this returns. False if nothing was queued (or the device is closed).
-    pub fn free_behind_barrier(
+    pub fn order_behind_barrier(
         &self,
         r: &mut Reclaiming,
         driver: &impl Gpu,
-        mark: Event,
+        join_stream: Stream,
         after: &Predecessors,
-        map: &PointerMap,
-        legacy_reuse: &RwLock<()>,
     ) -> CuResult<bool> {
         if r.closed {
             return Ok(false);
@@ -209,37 +232,22 @@ impl PendingFrees {
         if blocks.is_empty() {
             return Ok(false);
         }
-        // Once the legacy stream waits for a non-blocking stream, the pool may
-        // hand out there a block the program freed on it: no allocation on the
-        // legacy stream until every non-blocking stream waits for the mark.
-        let reuse_waits = write(legacy_reuse);
-        let ordered = (|| {
-            let scratch = take_event(r, driver)?;
-            let waited = after.nonblocking.iter().try_for_each(|stream| {
-                driver.record(scratch, *stream)?;
-                driver.wait_event(Stream::LEGACY, scratch)
-            });
-            r.spare_events.push(scratch);
-            waited?;
-            for tail in after.tails {
-                driver.wait_event(Stream::LEGACY, *tail)?;
-            }
-            driver.record(mark, Stream::LEGACY)?;
-            after.nonblocking.iter().try_for_each(|stream| driver.wait_event(*stream, mark))
-        })();
-        drop(reuse_waits);
+        let ordered = self.record_join(r, driver, join_stream, after).and_then(|joined| {
+            let waited = after
+                .nonblocking
+                .iter()
+                .chain(std::iter::once(&Stream::LEGACY))
+                .try_for_each(|stream| driver.wait_event(*stream, joined));
+            r.spare_events.push(joined); // a wait binds to the record it saw
+            waited
+        });
         if let Err(e) = ordered {
             // Not ordered: the blocks go back to the queue for the next batch.
             lock(&self.queued).extend(blocks);
             return Err(e);
         }
-        for block in blocks {
-            map.returned(block.ptr);
-            if let Err(e) = driver.free_async(block.ptr, Stream::LEGACY) {
-                log::warn!("freeing a block on the legacy stream failed, leaking {} bytes: {e:?}", block.size);
-            }
-            self.pending_bytes.fetch_sub(block.size, Relaxed);
-        }
+        let bytes = blocks.iter().map(|b| b.size).sum();
+        self.cache(blocks, bytes, true);
         Ok(true)
     }
 
@@ -277,44 +285,55 @@ impl PendingFrees {
             return;
         };
         r.spare_events.push(batch.done);
-        let now = Instant::now();
+        self.cache(batch.blocks, batch.bytes, false);
+    }
+
+    /// Moves pending blocks (`bytes` in all) into the cache.
+    fn cache(&self, blocks: Vec<Block>, bytes: u64, behind_barrier: bool) {
+        let since = Instant::now();
         {
             let mut cache = lock(&self.cache);
             // Counted before a block can be taken: the count never falls below the cache.
-            self.cached_bytes.fetch_add(batch.bytes, Relaxed);
-            for block in batch.blocks {
-                cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since: now });
+            self.cached_bytes.fetch_add(bytes, Relaxed);
+            for block in blocks {
+                cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since, behind_barrier });
             }
         }
-        self.pending_bytes.fetch_sub(batch.bytes, Relaxed);
+        self.pending_bytes.fetch_sub(bytes, Relaxed);
     }
 
-    /// Hands cached blocks to `to_pool`: all of them, or those unused for
-    /// long. Each leaves `map` first: once in the pool, another thread may be
-    /// handed the address.
-    pub fn release_cached(&self, everything: bool, map: &PointerMap, mut to_pool: impl FnMut(u64)) {
+    /// Hands the cached blocks `keep` does not keep to `to_pool`, with
+    /// whether each was ordered behind a barrier (then the work before its
+    /// free may still run). Each leaves `map` first: once in the pool,
+    /// another thread may be handed the address.
+    pub fn release_cached(&self, keep: Keep, map: &PointerMap, mut to_pool: impl FnMut(u64, bool)) {
         if self.cached_bytes() == 0 {
             return;
         }
-        let now = Instant::now();
         let mut released = Vec::new();
         {
             let mut cache = lock(&self.cache);
-            for (&size, blocks) in cache.iter_mut() {
-                // Oldest first: blocks are pushed in time order and popped from the back.
-                let keep_from = if everything {
-                    blocks.len()
-                } else {
-                    blocks.iter().position(|b| now.duration_since(b.since) < CACHE_AGE).unwrap_or(blocks.len())
-                };
-                released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size)));
+            // Blocks cached before this go.
+            let release_before = match keep {
+                Keep::Young { within } => {
+                    let excess = (self.pending_bytes() + self.cached_bytes()).saturating_sub(within);
+                    Instant::now().checked_sub(CACHE_AGE).max(oldest_to_release(&cache, excess))
+                }
+                Keep::None => Some(Instant::now() + Duration::from_nanos(1)),
+            };
+            if let Some(cutoff) = release_before {
+                for (&size, blocks) in cache.iter_mut() {
+                    // Oldest first: blocks are pushed in time order and popped from the back.
+                    let keep_from = blocks.iter().position(|b| b.since >= cutoff).unwrap_or(blocks.len());
+                    released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.behind_barrier)));
+                }
+                cache.retain(|_, blocks| !blocks.is_empty());
             }
-            cache.retain(|_, blocks| !blocks.is_empty());
         }
-        for (ptr, size) in released {
+        for (ptr, size, behind_barrier) in released {
             self.cached_bytes.fetch_sub(size, Relaxed);
             map.returned(ptr);
-            to_pool(ptr);
+            to_pool(ptr, behind_barrier);
         }
     }
 
@@ -337,9 +356,63 @@ impl PendingFrees {
     }
 }
 
+/// The time before which the oldest cached blocks, `excess` bytes or just
+/// more, were cached; None if nothing need go.
+fn oldest_to_release(cache: &HashMap<u64, Vec<Cached>>, excess: u64) -> Option<Instant> {
+    if excess == 0 {
+        return None;
+    }
+    let mut ages: Vec<(Instant, u64)> =
+        cache.iter().flat_map(|(&size, blocks)| blocks.iter().map(move |b| (b.since, size))).collect();
+    ages.sort_unstable();
+    let mut released = 0;
+    for (since, size) in ages {
+        released += size;
+        if released >= excess {
+            return Some(since + Duration::from_nanos(1));
+        }
+    }
+    Some(Instant::now() + Duration::from_nanos(1))
+}
+
 fn take_event(r: &mut Reclaiming, driver: &impl Gpu) -> CuResult<Event> {
     match r.spare_events.pop() {
         Some(event) => Ok(event),
         None => driver.create_event(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cached blocks of `sizes`, each cached a little after the one before.
+    fn cached(sizes: &[u64]) -> PendingFrees {
+        let pending = PendingFrees::default();
+        for (ptr, &size) in (1..).zip(sizes) {
+            pending.queue(ptr, size);
+            let block = lock(&pending.queued).pop().expect("queued");
+            pending.cache(vec![block], size, ptr % 2 == 0);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        pending
+    }
+
+    #[test]
+    fn past_a_bound_the_oldest_cached_blocks_go_to_the_pool_first() {
+        let map = PointerMap::default();
+        let pending = cached(&[4, 4, 8, 2]);
+        let mut released = Vec::new();
+        pending.release_cached(Keep::Young { within: 12 }, &map, |ptr, behind_barrier| released.push((ptr, behind_barrier)));
+        assert_eq!(released, [(1, false), (2, true)], "18 bytes held, 12 kept: the two oldest go");
+        assert_eq!(pending.cached_bytes(), 10);
+        assert_eq!(pending.take_cached(8), Some(3));
+
+        let mut later = Vec::new();
+        pending.release_cached(Keep::Young { within: 2 }, &map, |ptr, _| later.push(ptr));
+        assert!(later.is_empty(), "cached just now and within the bound: nothing goes");
+        pending.release_cached(Keep::None, &map, |ptr, _| later.push(ptr));
+        assert_eq!(later, [4]);
+        assert_eq!(pending.cached_bytes(), 0);
     }
 }

@@ -32,6 +32,9 @@ pub enum Activity {
     /// Frees still wait to be ordered or to pass; the step spent this long
     /// ordering batches (driver calls that compete with the program's).
     Pending(Duration),
+    /// The frees held pass `SOMA_PENDING_FREE_LIMIT`: the pool grows until
+    /// the next step orders them, which comes after the shortest sleep.
+    PastLimit,
     /// Nothing waits.
     Idle,
 }
@@ -40,6 +43,7 @@ impl Activity {
     /// Both steps' activity, as one.
     pub fn and(self, other: Activity) -> Activity {
         match (self, other) {
+            (Activity::PastLimit, _) | (_, Activity::PastLimit) => Activity::PastLimit,
             (Activity::Pending(a), Activity::Pending(b)) => Activity::Pending(a + b),
             (Activity::Idle, other) | (other, Activity::Idle) => other,
         }
@@ -85,11 +89,18 @@ impl Reclaimer {
                     let _step = lock(&self.step);
                     step()
                 };
-                if let Activity::Pending(ordering) = activity {
-                    // Its driver calls compete with the program's: ordering takes
-                    // at most a tenth of the time.
-                    thread::sleep(POLL.max(ordering * BUSY_SHARE).min(MAX_POLL));
-                    continue;
+                match activity {
+                    Activity::PastLimit => {
+                        thread::sleep(POLL);
+                        continue;
+                    }
+                    Activity::Pending(ordering) => {
+                        // Its driver calls compete with the program's: ordering takes
+                        // at most a tenth of the time.
+                        thread::sleep(POLL.max(ordering * BUSY_SHARE).min(MAX_POLL));
+                        continue;
+                    }
+                    Activity::Idle => {}
                 }
                 self.sleeping.store(true, SeqCst);
                 if !self.work.load(SeqCst) && !self.stop.load(SeqCst) {

@@ -24,12 +24,15 @@ pub struct DeviceCounters {
     /// Batches of queued frees ordered (joins, or barriers), each covering
     /// every free queued before it.
     pub batches: AtomicU64,
+    /// Of those, batches freed behind a barrier because the frees held had
+    /// passed `SOMA_PENDING_FREE_LIMIT` (join order).
+    pub limit_barriers: AtomicU64,
     /// Allocations served from blocks whose work had passed, with no driver call.
     pub cache_hits: AtomicU64,
     pub in_use: AtomicU64,
     pub peak_in_use: AtomicU64,
-    /// Times an allocation waited on the host for pending frees
-    /// (`SOMA_PENDING_FREE_LIMIT`).
+    /// Times an allocation waited on the host for pending frees of pinned
+    /// host memory (`SOMA_PENDING_FREE_LIMIT`).
     pub pending_waits: AtomicU64,
     /// Times the pool was out of memory and the shim waited for frees and trimmed.
     pub oom_retries: AtomicU64,
@@ -202,6 +205,7 @@ impl Stats {
             count(&mut out, "frees behind barriers", d.barrier_frees.load(Relaxed));
             count(&mut out, "frees joined in batches", d.queued_frees.load(Relaxed));
             count(&mut out, "batches ordered", d.batches.load(Relaxed));
+            count(&mut out, "batches past the limit", d.limit_barriers.load(Relaxed));
             count(&mut out, "allocations from passed frees", d.cache_hits.load(Relaxed));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));

@@ -163,6 +163,12 @@ impl Gpu for Driver {
         check(unsafe { cu::cuStreamSynchronize(stream.0) })
     }
 
+    fn is_idle(&self, stream: Stream) -> bool {
+        // SAFETY: `stream` is live. Any code but success (not ready, or an
+        // error) counts as busy.
+        unsafe { cu::cuStreamQuery(stream.0) == CUresult::CUDA_SUCCESS as u32 }
+    }
+
     /// `waiter` waits, on the GPU, for the event's most recent record.
     fn wait_event(&self, waiter: Stream, event: Event) -> CuResult<()> {
         // SAFETY: both handles are live.

@@ -83,6 +83,9 @@ pub trait Gpu {
     fn create_nonblocking_stream(&self) -> CuResult<Stream>;
     fn destroy_stream(&self, stream: Stream) -> CuResult<()>;
     fn synchronize_stream(&self, stream: Stream) -> CuResult<()>;
+    /// Whether all work issued so far to a non-blocking stream has finished
+    /// (an error counts as not).
+    fn is_idle(&self, stream: Stream) -> bool;
     fn stream_context(&self, stream: Stream) -> CuResult<Context>;
     /// `waiter` waits, on the GPU, for the event's most recent record.
     fn wait_event(&self, waiter: Stream, event: Event) -> CuResult<()>;

@@ -225,6 +225,7 @@ pub mod driver {
         cuDevicePrimaryCtxRelease_v2(device: c_int);
         cuDevicePrimaryCtxGetState(device: c_int, flags: *mut c_uint, active: *mut c_int);
         cuStreamSynchronize(stream: *mut c_void);
+        cuStreamQuery(stream: *mut c_void);
         cuStreamWaitEvent(stream: *mut c_void, event: *mut c_void, flags: c_uint);
         cuStreamGetCtx(stream: *mut c_void, ctx: *mut *mut c_void);
         cuEventCreate(event: *mut *mut c_void, flags: c_uint);
