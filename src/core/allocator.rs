@@ -675,13 +675,11 @@ impl Allocator {
         let counters = self.stats.counters(device.ordinal, device.host);
         match result.and_then(|r| r) {
             Ok(FreePath::Legacy) => counters.legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
-            Ok(FreePath::Barrier) => {
+            Ok(path @ (FreePath::Barrier | FreePath::Queued)) => {
                 self.reclaimer.wake();
-                counters.barrier_frees.fetch_add(1, Ordering::Relaxed)
-            }
-            Ok(FreePath::Queued) => {
-                self.reclaimer.wake();
-                counters.queued_frees.fetch_add(1, Ordering::Relaxed)
+                counters.peak_held.fetch_max(device.held_bytes(), Ordering::Relaxed);
+                let frees = if path == FreePath::Barrier { &counters.barrier_frees } else { &counters.queued_frees };
+                frees.fetch_add(1, Ordering::Relaxed)
             }
             // Without the ordering the block cannot be reused safely: it stays allocated.
             Err(e) => {

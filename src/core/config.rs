@@ -265,8 +265,8 @@ pub static VARIABLES: &[Variable] = &[
     Variable {
         name: "SOMA_PENDING_FREE_LIMIT",
         kind: Kind::Size { allow_total: true },
-        default: "256MiB",
-        doc: "Bytes freed and not yet reused, per device, beyond what the program holds, before cudaMalloc waits for them instead of growing the pool.",
+        default: "64MiB",
+        doc: "Bytes freed and not yet reused, per device, past which batches of frees are ordered behind barriers on the GPU and reused at once instead of once the GPU has passed them.",
         store: store!(pending_free_limit, Size),
     },
     Variable {
@@ -609,7 +609,7 @@ mod tests {
         assert_eq!((c.min_bytes, c.max_bytes), (1, u64::MAX));
         assert!(!c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Join);
-        assert_eq!(c.pending_free_limit, Bytes::Exact(256 << 20));
+        assert_eq!(c.pending_free_limit, Bytes::Exact(64 << 20));
         assert_eq!(c.memory_limit, Bytes::Exact(u64::MAX));
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);

@@ -205,7 +205,8 @@ impl Device {
         self.held_bytes() > self.pending_free_limit.max(in_use)
     }
 
-    fn held_bytes(&self) -> u64 {
+    /// Bytes freed and not yet handed out again (pending or cached).
+    pub fn held_bytes(&self) -> u64 {
         self.pending.pending_bytes() + self.pending.cached_bytes()
     }
 

@@ -31,6 +31,9 @@ pub struct DeviceCounters {
     pub cache_hits: AtomicU64,
     pub in_use: AtomicU64,
     pub peak_in_use: AtomicU64,
+    /// The most bytes freed and not yet handed out again (queued, ordered
+    /// but not passed, or cached) after a free.
+    pub peak_held: AtomicU64,
     /// Times an allocation waited on the host for pending frees of pinned
     /// host memory (`SOMA_PENDING_FREE_LIMIT`).
     pub pending_waits: AtomicU64,
@@ -192,6 +195,7 @@ impl Stats {
             row(&mut out, "pool frees", d.pool_frees.load(Relaxed), d.pool_free_bytes.load(Relaxed));
             figure(&mut out, "in use now", d.in_use.load(Relaxed));
             figure(&mut out, "peak in use (shim)", d.peak_in_use.load(Relaxed));
+            figure(&mut out, "peak freed, not yet reused", d.peak_held.load(Relaxed));
             match peaks(ordinal as i32, host) {
                 Some(p) => {
                     figure(&mut out, "peak in use (pool)", p.used_high);
