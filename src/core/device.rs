@@ -75,9 +75,11 @@ pub struct Device {
     /// No non-blocking stream at the last free, or barrier order:
     /// allocations and frees go on the legacy stream.
     on_legacy_stream: AtomicBool,
-    /// Join order, and a batch was freed on the legacy stream behind a
-    /// barrier because the frees held passed the limit: allocations go on
-    /// the legacy stream to reuse its blocks at once.
+    /// A batch was ordered behind a barrier since the host last waited for
+    /// the legacy stream: its blocks may be handed out (from the cache, or
+    /// from the pool on the legacy stream) while their old work runs, so
+    /// allocations go on the legacy stream to reuse them in its order, and a
+    /// non-blocking stream made now must wait for that stream's work first.
     reusing_barrier_frees: AtomicBool,
     /// Recorded on the legacy stream where a non-blocking stream must wait
     /// for the work before frees made there (see `leave_legacy_stream`).
@@ -295,6 +297,10 @@ impl Device {
                 counters.batches.fetch_add(1, Relaxed);
                 if limited {
                     counters.limit_barriers.fetch_add(1, Relaxed);
+                }
+                if limited || self.order == FreeOrder::Barrier {
+                    // Under the stream registry's lock, as the batch: no
+                    // stream is made before this is seen.
                     self.reusing_barrier_frees.store(true, Relaxed);
                 }
             }

@@ -520,6 +520,39 @@ fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
     }
 }
 
+/// A block ordered behind a barrier is handed out while its old work may
+/// still run: a non-blocking stream made after the barrier must still be
+/// ordered after that work, even when the host last waited for the legacy
+/// stream (another stream's creation) before the barrier was issued.
+#[test]
+fn a_stream_made_after_a_barrier_waits_for_the_work_before_its_frees() {
+    for seed in 0..16 {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[("SOMA_FREE_ORDER", "barrier")]);
+        let first = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, first);
+        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        let old = Touch { ptr, generation: gpu.next_generation(ptr) };
+        gpu.launch(first, old); // runs only when the GPU is drained
+        gpu.program_freed(old);
+        Shim::free(&shim, &gpu, ptr);
+        // The host waits for the legacy stream here, before any barrier.
+        Shim::stream_created(&shim, &gpu, gpu.program_stream(true));
+        // An allocation of another size orders the queued free behind a barrier.
+        let other = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
+        let late = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, late);
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        assert_eq!(again, ptr, "seed {seed}: the barrier's block comes back from the cache");
+        gpu.launch(late, Touch { ptr, generation: gpu.next_generation(ptr) });
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
+        for p in [other, again] {
+            Shim::free(&shim, &gpu, p);
+        }
+    }
+}
+
 /// With non-blocking streams, a free costs the program's thread no driver
 /// call that reaches a stream, an event or the pool (only the current
 /// context is asked for), however many streams there are; a block whose
