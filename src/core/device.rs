@@ -46,7 +46,7 @@
 //! is out of memory it waits for every free and gives the cache back.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use super::config::{Config, FreeOrder, PoolChoice};
@@ -88,6 +88,10 @@ pub struct Device {
     /// the legacy-stream work it covers may still run, so every stream made
     /// later waits for it too, until the host has waited for it.
     mark_waited_on_gpu_only: AtomicBool,
+    /// Threads waiting on the host for the mark (`wait_for_legacy_mark`):
+    /// until they are done, the blocks it covers may still be in use, so a
+    /// stream made meanwhile waits for it too.
+    mark_waiters: AtomicUsize,
     order: FreeOrder,
     internal_deps: bool,
     pending_free_limit: u64,
@@ -174,6 +178,7 @@ impl Device {
             reusing_barrier_frees: AtomicBool::new(false),
             legacy_free_mark: driver.create_event()?,
             mark_waited_on_gpu_only: AtomicBool::new(false),
+            mark_waiters: AtomicUsize::new(0),
             // The CPU writes a host block at once: only the host's own
             // observation of a passed free makes it safe to hand out.
             order: if host { FreeOrder::Join } else { config.free_order },
@@ -418,12 +423,16 @@ impl Device {
     /// capture forbids touching the legacy stream, the new stream waits on
     /// the GPU for the mark recorded when the first capture began (legacy
     /// frees are deferred during captures, so it covers them all); so does
-    /// every stream made after it until the host has waited for a mark.
+    /// every stream made after it until the host has waited for a mark. A
+    /// stream made while another thread still waits for a mark waits too:
+    /// the blocks that mark covers are not yet known to be free of old work.
+    /// Called with the stream registry locked for writing.
     pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<bool> {
-        // Both swapped: after the host waits for the mark, every block freed
-        // on the legacy stream so far has passed its free.
+        // Both swapped: once the host has waited for the mark, every block
+        // reused on the legacy stream so far has passed its free.
         let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed) | self.reusing_barrier_frees.swap(false, Relaxed);
-        if !was_on_legacy && !self.mark_waited_on_gpu_only.load(Relaxed) {
+        let mark_awaited = self.mark_waiters.load(Relaxed) > 0;
+        if !was_on_legacy && !mark_awaited && !self.mark_waited_on_gpu_only.load(Relaxed) {
             return Ok(false); // frees were already joined: none was reused on the legacy stream
         }
         if capturing {
@@ -435,15 +444,20 @@ impl Device {
             driver.wait_event(made, self.legacy_free_mark)?;
             return Err(e);
         }
+        self.mark_waiters.fetch_add(1, Relaxed);
         Ok(true)
     }
 
     /// Waits on the host for the mark `leave_legacy_stream` recorded (which
-    /// covers any mark streams made during a capture waited for on the GPU).
+    /// covers any mark streams made during a capture waited for on the GPU,
+    /// and any recorded before it); once after each time that returned true.
     pub fn wait_for_legacy_mark(&self, driver: &impl Gpu) -> CuResult<()> {
-        driver.wait_for(self.legacy_free_mark)?;
-        self.mark_waited_on_gpu_only.store(false, Relaxed);
-        Ok(())
+        let waited = driver.wait_for(self.legacy_free_mark);
+        if waited.is_ok() {
+            self.mark_waited_on_gpu_only.store(false, Relaxed);
+        }
+        self.mark_waiters.fetch_sub(1, Relaxed);
+        waited
     }
 
     /// A block is exported to other processes (CUDA IPC) for the first
