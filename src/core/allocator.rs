@@ -15,13 +15,14 @@ use super::config::{Config, MemInfo, StatsOutput};
 use super::locks::{lock, read, write};
 use super::device::{AllocFailure, Device, FreePath, Wait};
 use super::exports::{Exports, Secret};
-use super::pending::Predecessors;
 use super::reclaimer::{Activity, Reclaimer};
-use crate::cuda::gpu::{Context, Gpu, Event, Pool, Stream};
+use crate::cuda::gpu::{Context, Gpu, Pool, Stream};
 use super::output;
 use super::passthrough::Passthrough;
+use super::pool_slots::{PoolSlot, PoolSlots};
 use super::ptrmap::{Block, Claim, Memory, MemoryKind, PointerMap};
 use super::stats::{PoolPeaks, Stats};
+use super::streams::{capture_key, CaptureKey, StreamRegistry};
 use super::trace::{Op, Trace};
 
 pub struct Allocator {
@@ -55,73 +56,6 @@ pub struct Allocator {
     pub reclaimer: Reclaimer,
 }
 
-/// One pool per device ordinal (a device's, or its pinned host memory pool).
-#[derive(Default)]
-struct PoolSlots(RwLock<Vec<PoolSlot>>);
-
-#[derive(Clone, Default)]
-enum PoolSlot {
-    /// Not set up yet.
-    #[default]
-    Unseen,
-    /// Cannot be pooled: its allocations pass through for this reason.
-    Unpooled(Passthrough),
-    Pooled(Arc<Device>),
-}
-
-impl PoolSlot {
-    fn pool(&self) -> Option<Arc<Device>> {
-        match self {
-            PoolSlot::Pooled(pool) => Some(Arc::clone(pool)),
-            _ => None,
-        }
-    }
-}
-
-impl PoolSlots {
-    /// The pool of `ordinal`, if it has one.
-    fn pool(&self, ordinal: i32) -> Option<Arc<Device>> {
-        read(&self.0).get(usize::try_from(ordinal).ok()?)?.pool()
-    }
-
-    /// Every pool set up.
-    fn pools(&self) -> Vec<Arc<Device>> {
-        read(&self.0).iter().filter_map(PoolSlot::pool).collect()
-    }
-
-    /// The first pool that is `wanted` (on the allocation path: no copy of the list).
-    fn find(&self, wanted: impl Fn(&Device) -> bool) -> Option<Arc<Device>> {
-        read(&self.0).iter().find_map(|slot| match slot {
-            PoolSlot::Pooled(pool) if wanted(pool) => Some(Arc::clone(pool)),
-            _ => None,
-        })
-    }
-
-    /// The slot at `index`, set up by `set_up` (under the write lock, so once)
-    /// if it is not yet.
-    fn set_up_once(&self, index: usize, set_up: impl FnOnce() -> PoolSlot) -> PoolSlot {
-        let known = read(&self.0).get(index).cloned().unwrap_or_default();
-        if !matches!(known, PoolSlot::Unseen) {
-            return known;
-        }
-        let mut slots = write(&self.0);
-        if slots.len() <= index {
-            slots.resize(index + 1, PoolSlot::Unseen);
-        }
-        if let PoolSlot::Unseen = slots[index] {
-            slots[index] = set_up();
-        }
-        slots[index].clone()
-    }
-
-    /// Forgets the pool of `ordinal`, returning it.
-    fn take(&self, ordinal: i32) -> Option<Arc<Device>> {
-        let mut slots = write(&self.0);
-        let slot = usize::try_from(ordinal).ok().and_then(|i| slots.get_mut(i))?;
-        std::mem::take(slot).pool()
-    }
-}
-
 /// What the shim had of a device it forgets (a reset): its pools, and the
 /// blocks of each never returned to it.
 struct Forgotten {
@@ -138,22 +72,6 @@ impl Forgotten {
         std::iter::once((&self.device, self.device_blocks.as_slice())).chain(host)
     }
 }
-
-/// Per context: the streams every free there must wait for.
-#[derive(Default)]
-struct StreamRegistry {
-    contexts: Vec<(Context, ContextStreams)>,
-}
-
-#[derive(Default)]
-struct ContextStreams {
-    /// Live non-blocking streams.
-    nonblocking: Vec<Stream>,
-    /// Events recorded as the last work of destroyed non-blocking streams.
-    tails: Vec<Event>,
-}
-
-type CaptureKey = (usize, u64);
 
 /// Where an allocation came from.
 enum Served {
@@ -992,81 +910,18 @@ impl Allocator {
     /// `accessor` gained (or lost) peer access to `owner`'s memory.
     pub fn peer_access_changed(&self, driver: &impl Gpu, owner: i32, accessor: i32, allowed: bool) {
         // Lock order: devices, then grants (as `set_up`, under the devices' write lock).
-        let device = {
-            let devices = read(&self.devices.0);
+        let device = self.devices.pool_after(owner, || {
             let mut grants = lock(&self.peer_grants);
             if allowed {
                 grants.insert((owner, accessor));
             } else {
                 grants.remove(&(owner, accessor));
             }
-            usize::try_from(owner).ok().and_then(|i| devices.get(i)).and_then(PoolSlot::pool)
-        };
+        });
         if let Some(device) = device {
             if let Err(e) = device.set_peer_access(driver, accessor, allowed) {
                 log::warn!("device {owner}: setting access for device {accessor} failed: {e:?}");
             }
         }
-    }
-}
-
-fn capture_key(stream: Stream) -> CaptureKey {
-    const PER_THREAD: usize = 2; // cudaStreamPerThread / CU_STREAM_PER_THREAD
-    let handle = stream.0 as usize;
-    // SAFETY: pthread_self has no preconditions.
-    let thread = if handle == PER_THREAD { (unsafe { libc::pthread_self() }) as u64 } else { 0 };
-    (handle, thread)
-}
-
-impl StreamRegistry {
-    /// The streams of `context`, registered on first use.
-    fn of(&mut self, context: Context) -> &mut ContextStreams {
-        let index = match self.contexts.iter().position(|(c, _)| *c == context) {
-            Some(index) => index,
-            None => {
-                self.contexts.push((context, ContextStreams::default()));
-                self.contexts.len() - 1
-            }
-        };
-        &mut self.contexts[index].1
-    }
-
-    /// What a free in `context` must be ordered after, besides the legacy stream.
-    fn predecessors(&self, context: Context) -> Predecessors<'_> {
-        match self.streams_of(context) {
-            Some(streams) => Predecessors { nonblocking: &streams.nonblocking, tails: &streams.tails },
-            None => Predecessors { nonblocking: &[], tails: &[] },
-        }
-    }
-
-    /// The streams of `context`, if any was registered.
-    fn streams_of(&self, context: Context) -> Option<&ContextStreams> {
-        self.contexts.iter().find(|(c, _)| *c == context).map(|(_, streams)| streams)
-    }
-
-    /// The context holding the live non-blocking `stream`, with its streams.
-    fn holding(&mut self, stream: Stream) -> Option<(Context, &mut ContextStreams)> {
-        self.contexts
-            .iter_mut()
-            .find(|(_, streams)| streams.nonblocking.contains(&stream))
-            .map(|(context, streams)| (*context, streams))
-    }
-
-    fn forget_context(&mut self, context: Context) {
-        self.contexts.retain(|(c, _)| *c != context);
-    }
-}
-
-impl ContextStreams {
-    /// Drops the tails of destroyed streams that the GPU has passed.
-    fn retire_passed_tails(&mut self, driver: &impl Gpu) {
-        self.tails.retain(|&event| {
-            if driver.has_passed(event) {
-                let _ = driver.destroy_event(event);
-                false
-            } else {
-                true
-            }
-        });
     }
 }
