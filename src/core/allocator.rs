@@ -453,8 +453,9 @@ impl Allocator {
     /// graph, after the capture.)
     fn program_frees(&self, driver: &impl Gpu, device: &Device, real_free: impl FnOnce() -> bool) {
         let captures = read(&self.captures);
+        // Held through the free: no stream is made between the waits and it.
+        let registry = read(&self.streams);
         if captures.is_empty() {
-            let registry = read(&self.streams);
             let ordered = driver.with_context(device.context, || {
                 device.order_before_program_free(driver, &registry.predecessors(device.context))
             });

@@ -209,8 +209,8 @@ pub static VARIABLES: &[Variable] = &[
     Variable {
         name: "SOMA_REUSE_FOLLOW_EVENT_DEPS",
         kind: Kind::Flag,
-        default: "1",
-        doc: "Pool policy cudaMemPoolReuseFollowEventDependencies (safe: see docs/DESIGN.md).",
+        default: "0",
+        doc: "Pool policy cudaMemPoolReuseFollowEventDependencies; 1 lets a block the program frees with cudaFreeAsync reach a cudaMalloc on the legacy stream early (see docs/DESIGN.md).",
         store: store!(reuse_follow_event_deps, Flag),
     },
     Variable {
@@ -605,7 +605,7 @@ mod tests {
         assert!(!c.disable);
         assert_eq!(c.pool, PoolChoice::Own);
         assert_eq!(c.release_threshold, Bytes::Exact(u64::MAX));
-        assert!(c.reuse_follow_event_deps && c.reuse_opportunistic && !c.reuse_internal_deps);
+        assert!(!c.reuse_follow_event_deps && c.reuse_opportunistic && !c.reuse_internal_deps);
         assert_eq!((c.min_bytes, c.max_bytes), (1, u64::MAX));
         assert!(!c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Join);
@@ -729,7 +729,7 @@ mod tests {
             ("SOMA_DISABLE", "1"),
             ("SOMA_POOL", "default"),
             ("SOMA_RELEASE_THRESHOLD", "512MiB"),
-            ("SOMA_REUSE_FOLLOW_EVENT_DEPS", "off"),
+            ("SOMA_REUSE_FOLLOW_EVENT_DEPS", "on"),
             ("SOMA_REUSE_OPPORTUNISTIC", "false"),
             ("SOMA_REUSE_INTERNAL_DEPS", "yes"),
             ("SOMA_MIN_BYTES", "1KiB"),
@@ -748,7 +748,7 @@ mod tests {
         assert!(c.disable);
         assert_eq!(c.pool, PoolChoice::Default);
         assert_eq!(c.release_threshold, Bytes::Exact(512 << 20));
-        assert!(!c.reuse_follow_event_deps && !c.reuse_opportunistic && c.reuse_internal_deps);
+        assert!(c.reuse_follow_event_deps && !c.reuse_opportunistic && c.reuse_internal_deps);
         assert_eq!((c.min_bytes, c.max_bytes), (1024, 1 << 30));
         assert!(c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Barrier);

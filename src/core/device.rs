@@ -440,7 +440,9 @@ impl Device {
             return driver.wait_event(made, self.legacy_free_mark).map(|()| false);
         }
         if let Err(e) = driver.record(self.legacy_free_mark, Stream::LEGACY) {
-            // Unmarked: the new stream waits on the GPU for the last mark instead.
+            // Unmarked: the new stream waits on the GPU for the last mark
+            // instead, and so does every stream made until the host waits.
+            self.mark_waited_on_gpu_only.store(true, Relaxed);
             driver.wait_event(made, self.legacy_free_mark)?;
             return Err(e);
         }
@@ -482,15 +484,17 @@ impl Device {
     }
 
     /// The program is about to free one of the pool's blocks itself
-    /// (`cudaFreeAsync`). On the legacy stream the pool may hand it out again
-    /// in that stream's order as soon as the free is issued, so the live
-    /// non-blocking streams (`after`) wait first for the work issued before
-    /// it, as they wait for the shim's own frees there. (A stream made later
-    /// waits anyway.) The device's context must be current, and no capture
-    /// in progress.
+    /// (`cudaFreeAsync`). If it frees it on the legacy stream, the pool may
+    /// hand it out again there in that stream's order as soon as the free is
+    /// issued, so the live non-blocking streams (`after`) wait first for the
+    /// work issued before it, as they wait for the shim's own frees there.
+    /// Whether allocations go on the legacy stream may change before the
+    /// free is issued (a barrier, a `cudaFree` in barrier order), so they
+    /// wait whatever it is now. (A stream made later waits anyway.) The
+    /// device's context must be current, and no capture in progress.
     pub fn order_before_program_free(&self, driver: &impl Gpu, after: &Predecessors) -> CuResult<()> {
-        if !self.reuses_on_legacy_stream() || after.nonblocking.is_empty() {
-            return Ok(()); // the pool stream reuses it only once the GPU has passed the free
+        if after.nonblocking.is_empty() {
+            return Ok(());
         }
         driver.record(self.legacy_free_mark, Stream::LEGACY)?;
         after.nonblocking.iter().try_for_each(|stream| driver.wait_event(*stream, self.legacy_free_mark))

@@ -122,6 +122,9 @@ struct State {
 /// The simulated GPU: one device, one primary context.
 pub struct SimGpu {
     state: Mutex<State>,
+    /// Another thread's steps, run once right after the next wait the
+    /// legacy stream is made to make: a test's way to land them mid-barrier.
+    pub after_next_legacy_wait: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 const CONTEXT: Context = Context(0x10 as *mut c_void);
@@ -151,6 +154,7 @@ impl SimGpu {
                 violations: Violations::default(),
                 calls: HashMap::new(),
             }),
+            after_next_legacy_wait: Mutex::new(None),
         }
     }
 
@@ -537,6 +541,13 @@ impl Gpu for SimGpu {
         s.check_capture(key, "event wait")?;
         let recorded = s.events.get(&(event.0 as usize)).copied().flatten();
         s.issue(key, None, &recorded.into_iter().collect::<Vec<_>>());
+        drop(s);
+        if waiter == Stream::LEGACY {
+            let steps = self.after_next_legacy_wait.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(steps) = steps {
+                steps();
+            }
+        }
         Ok(())
     }
 

@@ -553,6 +553,108 @@ fn a_stream_made_after_a_barrier_waits_for_the_work_before_its_frees() {
     }
 }
 
+/// The old owner's work on `stream` (behind eight other ops, so that it runs
+/// late), then its `cudaFreeAsync` of `ptr` there.
+fn program_frees_late(shim: &Allocator, gpu: &SimGpu, ptr: u64, stream: Stream) -> Touch {
+    let old = Touch { ptr, generation: gpu.next_generation(ptr) };
+    for _ in 0..8 {
+        gpu.launch(stream, Touch { ptr: 0xdead, generation: 1 });
+    }
+    gpu.launch(stream, old);
+    gpu.program_freed_on(old, stream);
+    Shim::free_async(shim, gpu, ptr, stream);
+    old
+}
+
+/// `ptr`, handed out again, used on `stream`: whether the GPU, run to the
+/// end, ran that before the old owner's work.
+fn reused_early(gpu: &SimGpu, ptr: u64, stream: Stream) -> bool {
+    gpu.launch(stream, Touch { ptr, generation: gpu.next_generation(ptr) });
+    gpu.drain();
+    !gpu.violations().early_reuse.is_empty()
+}
+
+/// A block the program frees itself on a non-blocking stream X, once the
+/// program makes the legacy stream wait for X, must not reach a `cudaMalloc`
+/// on the legacy stream (where allocations go after a barrier) through the
+/// pool's event dependencies: a non-blocking stream Y using it is not
+/// ordered after the old work on X. (Found by review.)
+#[test]
+fn a_program_free_joined_into_the_legacy_stream_is_not_reused_there_early() {
+    for seed in 0..32 {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[("SOMA_PENDING_FREE_LIMIT", "0")]);
+        let (x, y) = (gpu.program_stream(true), gpu.program_stream(true));
+        Shim::stream_created(&shim, &gpu, x);
+        Shim::stream_created(&shim, &gpu, y);
+        let p = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
+        let q = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        Shim::free(&shim, &gpu, q);
+        let _ordered = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled"); // orders q behind a barrier
+        program_frees_late(&shim, &gpu, p, x);
+        let joined = gpu.create_event().expect("an event");
+        gpu.record(joined, x).expect("recorded");
+        gpu.wait_event(Stream::LEGACY, joined).expect("waited");
+        let again = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
+        assert!(again != p || !reused_early(&gpu, p, y), "seed {seed}: {:?}", gpu.violations());
+    }
+}
+
+/// A `cudaFreeAsync` on the legacy stream by another thread while a barrier
+/// is being issued: the block may be reused there at once, so every
+/// non-blocking stream must wait for the work before it first. (Found by review.)
+#[test]
+fn a_program_free_during_a_barrier_is_ordered() {
+    for seed in 0..16 {
+        let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(seed, CAPACITY)));
+        let shim: &'static Allocator = Box::leak(Box::new(allocator(&[("SOMA_PENDING_FREE_LIMIT", "0")])));
+        let (x, y) = (gpu.program_stream(true), gpu.program_stream(true));
+        Shim::stream_created(shim, gpu, x);
+        Shim::stream_created(shim, gpu, y);
+        let p = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
+        let q = Shim::malloc(shim, gpu, MIB).expect("pooled");
+        Shim::free(shim, gpu, q);
+        *gpu.after_next_legacy_wait.lock().expect("the hook") = Some(Box::new(move || {
+            program_frees_late(shim, gpu, p, Stream::LEGACY);
+        }));
+        let _ordered = Shim::malloc(shim, gpu, 3 * MIB).expect("pooled"); // orders q behind a barrier
+        let again = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
+        assert!(again != p || !reused_early(gpu, p, y), "seed {seed}: {:?}", gpu.violations());
+    }
+}
+
+/// Barrier order: a `cudaFreeAsync` on the legacy stream while allocations
+/// are on the pool stream (a stream was just made), then a `cudaFree` that
+/// moves them to the legacy stream before the shim's thread has ordered
+/// anything: the block may be reused there, and a non-blocking stream must
+/// already wait for its old work. (Found by review; older than the barrier cache.)
+#[test]
+fn a_program_free_before_barrier_order_moves_to_the_legacy_stream_is_ordered() {
+    for seed in 0..16 {
+        let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(seed, CAPACITY)));
+        let shim: &'static Allocator = Box::leak(Box::new(allocator(&[("SOMA_FREE_ORDER", "barrier")])));
+        // The shim's thread runs but does not reach its next step: no allocation reclaims.
+        let (started, step) = (std::sync::Arc::new(std::sync::Barrier::new(2)), std::sync::Arc::new(AtomicBool::new(false)));
+        let (s, st) = (started.clone(), step.clone());
+        assert!(shim.reclaimer.start(move || {
+            if !st.swap(true, Ordering::SeqCst) {
+                s.wait();
+            }
+            std::thread::park();
+            super::reclaimer::Activity::Idle
+        }));
+        started.wait();
+        let y = gpu.program_stream(true);
+        Shim::stream_created(shim, gpu, y);
+        let p = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
+        program_frees_late(shim, gpu, p, Stream::LEGACY);
+        let q = Shim::malloc(shim, gpu, MIB).expect("pooled");
+        Shim::free(shim, gpu, q); // barrier order: allocations move to the legacy stream
+        let again = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
+        assert!(again != p || !reused_early(gpu, p, y), "seed {seed}: {:?}", gpu.violations());
+    }
+}
+
 /// With non-blocking streams, a free costs the program's thread no driver
 /// call that reaches a stream, an event or the pool (only the current
 /// context is asked for), however many streams there are; a block whose
