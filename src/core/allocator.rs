@@ -596,7 +596,11 @@ impl Allocator {
             Ok(FreePath::Legacy) => counters.legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
             Ok(path @ (FreePath::Barrier | FreePath::Queued)) => {
                 self.reclaimer.wake();
-                counters.peak_held.fetch_max(device.held_bytes(), Ordering::Relaxed);
+                let held = device.held_bytes();
+                // Read first: a read-modify-write on every free would bounce the line between threads.
+                if held > counters.peak_held.load(Ordering::Relaxed) {
+                    counters.peak_held.fetch_max(held, Ordering::Relaxed);
+                }
                 let frees = if path == FreePath::Barrier { &counters.barrier_frees } else { &counters.queued_frees };
                 frees.fetch_add(1, Ordering::Relaxed)
             }

@@ -29,8 +29,9 @@
 //! cross-stream event wait, so freeing in GPU order would make the pool grow
 //! instead; see docs/FACTS.md, "Reuse across streams".) While the frees held
 //! pass `SOMA_PENDING_FREE_LIMIT` (the program runs far ahead of the GPU),
-//! batches are freed behind barriers as in `barrier` order instead, and
-//! allocations move to the legacy stream to reuse them at once: the pool
+//! batches are ordered behind barriers as in `barrier` order instead and
+//! cached at once, and allocations move to the legacy stream where the
+//! cache gives its surplus back to the pool: the pool
 //! stays near what the program holds, and no thread waits on the host.
 //!
 //! *Pinned host memory* (`cudaMallocHost`): a second `Device` of the same
@@ -292,7 +293,8 @@ impl Device {
         let to_pool = |ptr, behind_barrier| self.return_to_pool(driver, ptr, behind_barrier);
         // Host memory is never reused in a stream's order (see the module doc).
         let limited = !self.host && self.order == FreeOrder::Join && self.over_pending_limit();
-        let batch = if self.order == FreeOrder::Barrier || limited {
+        let behind_barrier = self.order == FreeOrder::Barrier || limited;
+        let batch = if behind_barrier {
             self.pending.order_behind_barrier(&mut r, driver, self.join_stream, after)
         } else {
             self.pending.join(&mut r, driver, self.join_stream, after)
@@ -303,7 +305,7 @@ impl Device {
                 if limited {
                     counters.limit_barriers.fetch_add(1, Relaxed);
                 }
-                if limited || self.order == FreeOrder::Barrier {
+                if behind_barrier {
                     // Under the stream registry's lock, as the batch: no
                     // stream is made before this is seen.
                     self.reusing_barrier_frees.store(true, Relaxed);

@@ -319,7 +319,7 @@ impl PendingFrees {
                     let excess = (self.pending_bytes() + self.cached_bytes()).saturating_sub(within);
                     Instant::now().checked_sub(CACHE_AGE).max(oldest_to_release(&cache, excess))
                 }
-                Keep::None => Some(Instant::now() + Duration::from_nanos(1)),
+                Keep::None => Some(after_all_cached()),
             };
             if let Some(cutoff) = release_before {
                 for (&size, blocks) in cache.iter_mut() {
@@ -372,7 +372,12 @@ fn oldest_to_release(cache: &HashMap<u64, Vec<Cached>>, excess: u64) -> Option<I
             return Some(since + Duration::from_nanos(1));
         }
     }
-    Some(Instant::now() + Duration::from_nanos(1))
+    Some(after_all_cached())
+}
+
+/// A cutoff later than every block cached so far.
+fn after_all_cached() -> Instant {
+    Instant::now() + Duration::from_nanos(1)
 }
 
 fn take_event(r: &mut Reclaiming, driver: &impl Gpu) -> CuResult<Event> {
