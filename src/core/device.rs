@@ -291,13 +291,18 @@ impl Device {
         };
         let started = Instant::now();
         let to_pool = |ptr, behind_barrier| self.return_to_pool(driver, ptr, behind_barrier);
-        // Host memory is never reused in a stream's order (see the module doc).
+        let queued = self.pending.take_queued(&r);
+        // Decided once the batch is taken, so that its blocks are counted in
+        // the bytes held. Host memory is never reused in a stream's order
+        // (see the module doc).
         let limited = !self.host && self.order == FreeOrder::Join && self.over_pending_limit();
         let behind_barrier = self.order == FreeOrder::Barrier || limited;
-        let batch = if behind_barrier {
-            self.pending.order_behind_barrier(&mut r, driver, self.join_stream, after)
-        } else {
-            self.pending.join(&mut r, driver, self.join_stream, after)
+        let batch = match queued {
+            None => Ok(false),
+            Some(queued) if behind_barrier => {
+                self.pending.order_behind_barrier(&mut r, driver, self.join_stream, after, queued).map(|()| true)
+            }
+            Some(queued) => self.pending.join(&mut r, driver, self.join_stream, after, queued).map(|()| true),
         };
         match batch {
             Ok(true) => {

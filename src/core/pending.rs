@@ -54,6 +54,9 @@ struct Block {
     size: u64,
 }
 
+/// Queued blocks taken to be ordered as one batch (`take_queued`).
+pub struct Queued(Vec<Block>);
+
 /// Blocks covered by one join: reusable once `done` has passed.
 struct Batch {
     blocks: Vec<Block>,
@@ -141,25 +144,30 @@ impl PendingFrees {
         try_lock(&self.reclaiming)
     }
 
-    /// Joins every queued block: `join_stream` waits for the work issued so
+    /// Every queued block, to be ordered as one batch; None if none was
+    /// queued (or the device is closed). Its blocks stay counted as pending
+    /// (a free counts its block before queueing it).
+    pub fn take_queued(&self, r: &Reclaiming) -> Option<Queued> {
+        if r.closed {
+            return None;
+        }
+        let blocks = std::mem::take(&mut *lock(&self.queued));
+        (!blocks.is_empty()).then_some(Queued(blocks))
+    }
+
+    /// Joins the `queued` blocks: `join_stream` waits for the work issued so
     /// far on the legacy stream, on `after`'s streams and for its tails, and
     /// records the batch's done event. The device's context must be current,
     /// no stream may be capturing, and `after` must stay the device's streams
-    /// until this returns. False if nothing was queued (or the device is closed).
-    pub fn join(&self, r: &mut Reclaiming, driver: &impl Gpu, join_stream: Stream, after: &Predecessors) -> CuResult<bool> {
-        if r.closed {
-            return Ok(false);
-        }
-        let blocks = std::mem::take(&mut *lock(&self.queued));
-        if blocks.is_empty() {
-            return Ok(false);
-        }
+    /// until this returns.
+    pub fn join(&self, r: &mut Reclaiming, driver: &impl Gpu, join_stream: Stream, after: &Predecessors, queued: Queued) -> CuResult<()> {
+        let Queued(blocks) = queued;
         let bytes = blocks.iter().map(|b| b.size).sum();
         let joined = self.record_join(r, driver, join_stream, after);
         match joined {
             Ok(done) => {
                 lock(&self.joined).push_back(Batch { blocks, bytes, done });
-                Ok(true)
+                Ok(())
             }
             Err(e) => {
                 // Not ordered: the blocks go back to the queue for the next join.
@@ -203,7 +211,7 @@ impl PendingFrees {
         }
     }
 
-    /// Orders every queued block behind a barrier on the GPU, as the real
+    /// Orders the `queued` blocks behind a barrier on the GPU, as the real
     /// `cudaFree` orders them on the host, and caches them: `join_stream`
     /// waits for the work issued so far on the legacy stream, on `after`'s
     /// streams and for its tails, then every stream of `after` waits for it,
@@ -217,21 +225,16 @@ impl PendingFrees {
     /// non-blocking stream already waits for that free, so no allocation
     /// needs to be held off meanwhile. The device's context must be current,
     /// no stream may be capturing, and `after` must stay the device's streams
-    /// until this returns. False if nothing was queued (or the device is closed).
+    /// until this returns.
     pub fn order_behind_barrier(
         &self,
         r: &mut Reclaiming,
         driver: &impl Gpu,
         join_stream: Stream,
         after: &Predecessors,
-    ) -> CuResult<bool> {
-        if r.closed {
-            return Ok(false);
-        }
-        let blocks = std::mem::take(&mut *lock(&self.queued));
-        if blocks.is_empty() {
-            return Ok(false);
-        }
+        queued: Queued,
+    ) -> CuResult<()> {
+        let Queued(blocks) = queued;
         let ordered = self.record_join(r, driver, join_stream, after).and_then(|joined| {
             let waited = after
                 .nonblocking
@@ -248,7 +251,7 @@ impl PendingFrees {
         }
         let bytes = blocks.iter().map(|b| b.size).sum();
         self.cache(blocks, bytes, true);
-        Ok(true)
+        Ok(())
     }
 
     /// Moves every batch the GPU has passed into the cache. Its blocks stay
