@@ -334,9 +334,11 @@ impl PendingFrees {
             }
         }
         for (ptr, size, behind_barrier) in released {
-            self.cached_bytes.fetch_sub(size, Relaxed);
             map.returned(ptr);
             to_pool(ptr, behind_barrier);
+            // Counted as held until the pool has it: an allocation that saw
+            // less would grow the pool while the block is on its way back.
+            self.cached_bytes.fetch_sub(size, Relaxed);
         }
     }
 
