@@ -8,11 +8,11 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::config::{Config, MemInfo, StatsOutput};
-use super::locks::{lock, read, write};
+use super::locks::{lock, read, write, ReadMostly};
 use super::device::{AllocFailure, Device, FreePath, Wait};
 use super::exports::{Exports, Secret};
 use super::reclaimer::{Activity, Reclaimer};
@@ -38,11 +38,11 @@ pub struct Allocator {
     /// Indexed by device ordinal: the pool of pinned host memory made for it.
     hosts: PoolSlots,
     /// Read by frees (which may run at once), written when streams come and go.
-    streams: RwLock<StreamRegistry>,
+    streams: ReadMostly<StreamRegistry>,
     /// Captures in progress, keyed by stream and, for the per-thread default
     /// stream (one handle, many streams), by thread. Held for reading while a
     /// free records events, so no capture can begin in between.
-    captures: RwLock<HashMap<CaptureKey, usize>>,
+    captures: ReadMostly<HashMap<CaptureKey, usize>>,
     /// Frees that arrived during a capture (pending in the map), issued once
     /// no capture is in progress.
     deferred: Mutex<Vec<(u64, Block)>>,
@@ -130,8 +130,8 @@ impl Allocator {
             map: PointerMap::default(),
             devices: PoolSlots::default(),
             hosts: PoolSlots::default(),
-            streams: RwLock::new(StreamRegistry::default()),
-            captures: RwLock::new(HashMap::new()),
+            streams: ReadMostly::default(),
+            captures: ReadMostly::default(),
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
             peer_grants: Mutex::new(HashSet::new()),
@@ -179,7 +179,7 @@ impl Allocator {
                         if !self.map.reissue(ptr, block) {
                             log::warn!("pointer map was stale at {ptr:#x}: a cached block was not pending");
                         }
-                        self.stats.counters(device.ordinal, device.host).cache_hits.fetch_add(1, Ordering::Relaxed);
+                        self.stats.counters(device.ordinal, device.host).tally().cache_hits.fetch_add(1, Ordering::Relaxed);
                         ptr
                     }
                     Served::Pool(ptr) => {
@@ -583,7 +583,7 @@ impl Allocator {
         let result = driver.with_context_from(current, device.context, || {
             if read(&self.streams).streams_of(device.context).is_some_and(|s| !s.tails.is_empty()) {
                 // Not worth waiting for: the next free retires them.
-                if let Ok(mut registry) = self.streams.try_write() {
+                if let Some(mut registry) = self.streams.try_write() {
                     registry.of(device.context).retire_passed_tails(driver);
                 }
             }
@@ -593,7 +593,7 @@ impl Allocator {
         });
         let counters = self.stats.counters(device.ordinal, device.host);
         match result.and_then(|r| r) {
-            Ok(FreePath::Legacy) => counters.legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
+            Ok(FreePath::Legacy) => counters.tally().legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
             Ok(path @ (FreePath::Barrier | FreePath::Queued)) => {
                 self.reclaimer.wake();
                 let held = device.held_bytes();
@@ -601,7 +601,8 @@ impl Allocator {
                 if held > counters.peak_held.load(Ordering::Relaxed) {
                     counters.peak_held.fetch_max(held, Ordering::Relaxed);
                 }
-                let frees = if path == FreePath::Barrier { &counters.barrier_frees } else { &counters.queued_frees };
+                let tally = counters.tally();
+                let frees = if path == FreePath::Barrier { &tally.barrier_frees } else { &tally.queued_frees };
                 frees.fetch_add(1, Ordering::Relaxed)
             }
             // Without the ordering the block cannot be reused safely: it stays allocated.

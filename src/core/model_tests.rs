@@ -680,11 +680,11 @@ fn frees_cost_no_driver_call_and_passed_blocks_come_back_without_one() {
         let other = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
         gpu.drain();
         let other2 = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
-        let before = (gpu.work_calls(), shim.stats.device(0).cache_hits.load(Ordering::Relaxed));
+        let before = (gpu.work_calls(), shim.stats.device(0).total(|t| &t.cache_hits));
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         assert_eq!(again, ptr, "{streams} streams: the passed block of that size is reused");
         assert_eq!(gpu.work_calls(), before.0, "{streams} streams: a passed block came back with a driver call");
-        assert_eq!(shim.stats.device(0).cache_hits.load(Ordering::Relaxed), before.1 + 1);
+        assert_eq!(shim.stats.device(0).total(|t| &t.cache_hits), before.1 + 1);
         for p in [other, other2, again] {
             Shim::free(&shim, &gpu, p);
         }

@@ -2,15 +2,15 @@
 //! seen, not poolable (and why), or its pool. The devices' pools and the
 //! pinned host memory pools each have a table.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use super::device::Device;
-use super::locks::{read, write};
+use super::locks::{read, write, ReadMostly};
 use super::passthrough::Passthrough;
 
 /// One pool per device ordinal (a device's, or its pinned host memory pool).
 #[derive(Default)]
-pub struct PoolSlots(RwLock<Vec<PoolSlot>>);
+pub struct PoolSlots(ReadMostly<Vec<PoolSlot>>);
 
 #[derive(Clone, Default)]
 pub enum PoolSlot {

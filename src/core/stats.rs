@@ -4,36 +4,30 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use super::locks::{shard, Padded, SHARDS};
 use super::passthrough::Passthrough;
 
 /// Devices counted separately; a larger ordinal is counted with the last one.
 pub const MAX_DEVICES: usize = 32;
 
+/// Per device (or per host pool). The counts every allocation or free
+/// makes are tallied per thread shard (`Tally`), so that threads counting at
+/// once do not write one shared cache line; the figures decisions read
+/// (`in_use`) and the rarer counts are single atomics.
 #[derive(Default)]
 pub struct DeviceCounters {
-    pub pool_allocs: AtomicU64,
-    pub pool_alloc_bytes: AtomicU64,
-    pub pool_frees: AtomicU64,
-    pub pool_free_bytes: AtomicU64,
-    /// Frees ordered by the legacy stream alone (no non-blocking stream then).
-    pub legacy_stream_frees: AtomicU64,
-    /// Frees on the legacy stream with non-blocking streams ordered by waits.
-    pub barrier_frees: AtomicU64,
-    /// Frees queued for a batched join (non-blocking streams, join order).
-    pub queued_frees: AtomicU64,
+    tallies: [Padded<Tally>; SHARDS],
+    pub in_use: AtomicU64,
+    pub peak_in_use: AtomicU64,
+    /// The most bytes freed and not yet handed out again (queued, ordered
+    /// but not passed, or cached) after a free.
+    pub peak_held: AtomicU64,
     /// Batches of queued frees ordered (joins, or barriers), each covering
     /// every free queued before it.
     pub batches: AtomicU64,
     /// Of those, batches freed behind a barrier because the frees held had
     /// passed `SOMA_PENDING_FREE_LIMIT` (join order).
     pub limit_barriers: AtomicU64,
-    /// Allocations served from blocks whose work had passed, with no driver call.
-    pub cache_hits: AtomicU64,
-    pub in_use: AtomicU64,
-    pub peak_in_use: AtomicU64,
-    /// The most bytes freed and not yet handed out again (queued, ordered
-    /// but not passed, or cached) after a free.
-    pub peak_held: AtomicU64,
     /// Times an allocation waited on the host for pending frees of pinned
     /// host memory (`SOMA_PENDING_FREE_LIMIT`).
     pub pending_waits: AtomicU64,
@@ -48,22 +42,59 @@ pub struct DeviceCounters {
     pub reserved_high_seen: AtomicU64,
 }
 
-/// Host time spent in one kind of hooked call.
+/// One thread shard's share of a device's per-call counts.
 #[derive(Default)]
-pub struct Timing {
-    pub calls: AtomicU64,
-    pub nanos: AtomicU64,
+pub struct Tally {
+    pub pool_allocs: AtomicU64,
+    pub pool_alloc_bytes: AtomicU64,
+    pub pool_frees: AtomicU64,
+    pub pool_free_bytes: AtomicU64,
+    /// Frees ordered by the legacy stream alone (no non-blocking stream then).
+    pub legacy_stream_frees: AtomicU64,
+    /// Frees on the legacy stream with non-blocking streams ordered by waits.
+    pub barrier_frees: AtomicU64,
+    /// Frees queued for a batched join (non-blocking streams, join order).
+    pub queued_frees: AtomicU64,
+    /// Allocations served from blocks whose work had passed, with no driver call.
+    pub cache_hits: AtomicU64,
+}
+
+impl DeviceCounters {
+    /// This thread's shard of the per-call counts.
+    pub fn tally(&self) -> &Tally {
+        &self.tallies[shard()].0
+    }
+
+    /// One per-call count, over every shard.
+    pub fn total(&self, count: impl Fn(&Tally) -> &AtomicU64) -> u64 {
+        self.tallies.iter().fold(0, |sum, t| sum.saturating_add(count(&t.0).load(Relaxed)))
+    }
+}
+
+/// Host time spent in one kind of hooked call, tallied per thread shard.
+#[derive(Default)]
+pub struct Timing([Padded<TimingShard>; SHARDS]);
+
+#[derive(Default)]
+pub struct TimingShard {
+    calls: AtomicU64,
+    nanos: AtomicU64,
 }
 
 impl Timing {
     pub fn add(&self, nanos: u64) {
-        self.calls.fetch_add(1, Relaxed);
-        add_saturating(&self.nanos, nanos);
+        let shard = &self.0[shard()].0;
+        shard.calls.fetch_add(1, Relaxed);
+        add_saturating(&shard.nanos, nanos);
+    }
+
+    fn sum(&self, field: impl Fn(&TimingShard) -> &AtomicU64) -> u64 {
+        self.0.iter().fold(0, |sum, s| sum.saturating_add(field(&s.0).load(Relaxed)))
     }
 
     fn mean_us(&self) -> Option<f64> {
-        let calls = self.calls.load(Relaxed);
-        (calls > 0).then(|| self.nanos.load(Relaxed) as f64 / calls as f64 / 1000.0)
+        let calls = self.sum(|s| &s.calls);
+        (calls > 0).then(|| self.sum(|s| &s.nanos) as f64 / calls as f64 / 1000.0)
     }
 }
 
@@ -145,17 +176,21 @@ impl Stats {
 
     pub fn pooled_alloc(&self, ordinal: i32, host: bool, size: u64) -> u64 {
         let d = self.counters(ordinal, host);
-        d.pool_allocs.fetch_add(1, Relaxed);
-        add_saturating(&d.pool_alloc_bytes, size);
+        let tally = d.tally();
+        tally.pool_allocs.fetch_add(1, Relaxed);
+        add_saturating(&tally.pool_alloc_bytes, size);
         let in_use = add_saturating(&d.in_use, size);
-        d.peak_in_use.fetch_max(in_use, Relaxed);
+        // Read first: a read-modify-write on every allocation would take the line from other threads.
+        if in_use > d.peak_in_use.load(Relaxed) {
+            d.peak_in_use.fetch_max(in_use, Relaxed);
+        }
         in_use
     }
 
     pub fn pooled_free(&self, ordinal: i32, host: bool, size: u64) -> u64 {
-        let d = self.counters(ordinal, host);
-        d.pool_frees.fetch_add(1, Relaxed);
-        add_saturating(&d.pool_free_bytes, size);
+        let tally = self.counters(ordinal, host).tally();
+        tally.pool_frees.fetch_add(1, Relaxed);
+        add_saturating(&tally.pool_free_bytes, size);
         self.no_longer_in_use(ordinal, host, size)
     }
 
@@ -182,7 +217,7 @@ impl Stats {
         let devices = self.devices.iter().enumerate().map(|(ordinal, d)| (ordinal, d, false));
         let hosts = self.hosts.iter().enumerate().map(|(ordinal, d)| (ordinal, d, true));
         for (ordinal, d, host) in devices.chain(hosts) {
-            let allocs = d.pool_allocs.load(Relaxed);
+            let allocs = d.total(|t| &t.pool_allocs);
             if allocs == 0 && d.oom_fallbacks.load(Relaxed) == 0 && d.limit_refusals.load(Relaxed) == 0 {
                 continue;
             }
@@ -191,8 +226,8 @@ impl Stats {
             } else {
                 let _ = writeln!(out, "device {ordinal}");
             }
-            row(&mut out, "pool allocations", allocs, d.pool_alloc_bytes.load(Relaxed));
-            row(&mut out, "pool frees", d.pool_frees.load(Relaxed), d.pool_free_bytes.load(Relaxed));
+            row(&mut out, "pool allocations", allocs, d.total(|t| &t.pool_alloc_bytes));
+            row(&mut out, "pool frees", d.total(|t| &t.pool_frees), d.total(|t| &t.pool_free_bytes));
             figure(&mut out, "in use now", d.in_use.load(Relaxed));
             figure(&mut out, "peak in use (shim)", d.peak_in_use.load(Relaxed));
             figure(&mut out, "peak freed, not yet reused", d.peak_held.load(Relaxed));
@@ -205,12 +240,12 @@ impl Stats {
                     let _ = writeln!(out, "  {:<28}{:>12}", "peak reserved (pool)", "unavailable");
                 }
             }
-            count(&mut out, "frees on the legacy stream", d.legacy_stream_frees.load(Relaxed));
-            count(&mut out, "frees behind barriers", d.barrier_frees.load(Relaxed));
-            count(&mut out, "frees joined in batches", d.queued_frees.load(Relaxed));
+            count(&mut out, "frees on the legacy stream", d.total(|t| &t.legacy_stream_frees));
+            count(&mut out, "frees behind barriers", d.total(|t| &t.barrier_frees));
+            count(&mut out, "frees joined in batches", d.total(|t| &t.queued_frees));
             count(&mut out, "batches ordered", d.batches.load(Relaxed));
             count(&mut out, "batches past the limit", d.limit_barriers.load(Relaxed));
-            count(&mut out, "allocations from passed frees", d.cache_hits.load(Relaxed));
+            count(&mut out, "allocations from passed frees", d.total(|t| &t.cache_hits));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));
@@ -241,7 +276,7 @@ impl Stats {
             ("cudaFreeHost/cuMemFreeHost", &self.host_free_time),
         ] {
             if let Some(us) = timing.mean_us() {
-                let _ = writeln!(out, "  {name:<28}{us:>9.2} us  ({} calls)", timing.calls.load(Relaxed));
+                let _ = writeln!(out, "  {name:<28}{us:>9.2} us  ({} calls)", timing.sum(|s| &s.calls));
             }
         }
         if trace_rows_lost > 0 {
@@ -356,11 +391,11 @@ mod tests {
         assert_eq!(stats.passed_bytes[reason_index(Passthrough::PoolOutOfMemory)].load(Relaxed), u64::MAX);
         assert_eq!(stats.pooled_alloc(0, false, u64::MAX - 1), u64::MAX - 1);
         assert_eq!(stats.pooled_alloc(0, false, 2), u64::MAX, "in use stops at the top");
-        assert_eq!(stats.device(0).pool_alloc_bytes.load(Relaxed), u64::MAX);
+        assert_eq!(stats.device(0).total(|t| &t.pool_alloc_bytes), u64::MAX);
         assert_eq!(stats.pooled_free(1, false, 5), 0, "in use stops at zero");
         stats.alloc_time.add(u64::MAX);
         stats.alloc_time.add(u64::MAX);
-        assert_eq!(stats.alloc_time.nanos.load(Relaxed), u64::MAX);
+        assert_eq!(stats.alloc_time.sum(|s| &s.nanos), u64::MAX);
         let report = stats.report(7, 0, |_, _| None);
         assert!(report.contains(">= 16.0 EiB"), "{report}");
         assert!(!report.contains("TiB"), "no wrapped figure: {report}");
