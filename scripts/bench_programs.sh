@@ -14,7 +14,10 @@
 #   ddp2/*  (2+ GPUs only)   torchrun 2 ranks of scripts/bench_ddp.py: caching,
 #                            caching-off, caching-off+shim
 #
-# Environment: PYTHON (python3), BENCH_STEPS (30) and BENCH_WARMUP (5) for the torch
+# Environment: BENCH_REPS (3: every scenario runs that many times, one round of all
+# scenarios after another, so that a slow spell of the machine hits every allocator;
+# the table gives medians, ranges, and the median of each round's ratio to the
+# group's baseline in that round), PYTHON (python3), BENCH_STEPS (30) and BENCH_WARMUP (5) for the torch
 # and DDP runs, BENCH_RESNET_STEPS, BENCH_DDP_STEPS (default BENCH_STEPS),
 # BENCH_CUPY_CHAINS (40), BENCH_TIMEOUT (90: seconds per scenario, then it is killed
 # and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy').
@@ -26,7 +29,7 @@
 # Output: progress and the table on stdout; $OUT/programs.jsonl (one JSON line per
 # scenario) and $OUT/programs.log (environment, table, each scenario's stderr) if OUT
 # is set, else build/programs/. A failed scenario is reported and the rest go on;
-# the exit status is 1 if any failed. About 3-5 minutes on one H100/H200.
+# the exit status is 1 if any failed. About 3-5 minutes a round on one H100/H200.
 set -uo pipefail
 [ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
 cd "$(dirname "$0")/.." || exit 2
@@ -38,6 +41,7 @@ RESNET_STEPS=${BENCH_RESNET_STEPS:-$STEPS}
 DDP_STEPS=${BENCH_DDP_STEPS:-$STEPS}
 CUPY_CHAINS=${BENCH_CUPY_CHAINS:-40}
 T=${BENCH_TIMEOUT:-90}
+REPS=${BENCH_REPS:-3}
 ONLY=${BENCH_ONLY:-}
 WORK=build/programs
 DEST=${OUT:-$WORK}
@@ -60,7 +64,7 @@ done
 HELPER=$(cat <<'PYEOF'
 import json, re, sys
 
-def finalize(name, rc, out, err, stats):
+def finalize(name, rc, out, err, stats, rnd):
     lines = [l for l in open(out, errors="replace").read().splitlines() if l.startswith("{")]
     parsed = []
     for l in lines:
@@ -76,6 +80,7 @@ def finalize(name, rc, out, err, stats):
         why = killed.get(rc, f"exit status {rc}, no JSON line")
         rec = {"error": why + (": " + " | ".join(tail) if tail else "")}
     rec["scenario"] = name
+    rec["round"] = rnd
     rec["exit_status"] = rc
     if rc != 0 and "error" not in rec:
         others = [r["error"] for r in parsed if "error" in r]
@@ -99,47 +104,69 @@ def finalize(name, rc, out, err, stats):
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
 def table(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
-    base = {}
-    head = ("scenario", "ms", "x base", "dev MiB", "x base", "torch res MiB", "shim pool", "loss/check")
-    w = (30, 10, 7, 9, 7, 13, 18, 12)
-    print("  ".join(h.ljust(x) if i == 0 else h.rjust(x) for i, (h, x) in enumerate(zip(head, w))))
-    errors = []
+    ms_of = lambda r: None if "error" in r else r.get("ms_per_step_median", r.get("ms_per_chain_median"))
+    mem_of = lambda r: None if "error" in r else r.get("peak_device_used_mib")
+    names, runs, base = [], {}, {}
     for r in rows:
         name = r.get("scenario", "?")
-        group = name.split("/")[0]
-        ms = r.get("ms_per_step_median", r.get("ms_per_chain_median"))
-        mem = r.get("peak_device_used_mib")
-        if group not in base:
-            base[group] = (ms, mem)
-        bms, bmem = base[group]
-        xms = ms / bms if ms is not None and bms else None
-        xmem = mem / bmem if mem is not None and bmem else None
+        if name not in runs:
+            names.append(name)
+            runs[name] = []
+            base.setdefault(name.split("/")[0], name)
+        runs[name].append(r)
+    def ratios(name, of):
+        # Each round against the baseline's run of the same round.
+        bases = {r.get("round"): of(r) for r in runs[base[name.split("/")[0]]]}
+        return [of(r) / bases[r.get("round")] for r in runs[name]
+                if of(r) is not None and bases.get(r.get("round"))]
+    head = ("scenario", "ms", "[min-max]", "x base", "dev MiB", "x base", "torch res MiB", "shim pool", "loss/check")
+    w = (30, 9, 17, 7, 9, 7, 13, 18, 12)
+    print("  ".join(h.ljust(x) if i == 0 else h.rjust(x) for i, (h, x) in enumerate(zip(head, w))))
+    errors = []
+    for name in names:
+        these = runs[name]
+        ms = [ms_of(r) for r in these if ms_of(r) is not None]
+        spread = f"[{min(ms):.2f}-{max(ms):.2f}]" if ms else "-"
+        last = these[-1]
         pool = "-"
-        if r.get("shim_pool_allocs") is not None:
-            pool = str(r["shim_pool_allocs"])
-            if r.get("shim_peak_reserved"):
-                pool += "/" + r["shim_peak_reserved"]
-        if "error" in r:
-            check = "ERROR"
-            errors.append(f"{name}: {r['error']}")
-        elif r.get("bench") == "torch":
-            check = fmt(r.get("final_loss"), ".5f")
-        elif r.get("check_ok") is True:
-            check = "ok" if r.get("bench") == "cupy" else f"ok {fmt(r.get('final_loss'), '.4f')}"
-        else:
-            check = "FAIL"
-        cells = (name, fmt(ms, ".2f"), fmt(xms, ".2f"), fmt(mem, ".0f"), fmt(xmem, ".2f"),
-                 fmt(r.get("peak_reserved_mib"), ".0f"), pool, check)
+        if last.get("shim_pool_allocs") is not None:
+            pool = str(last["shim_pool_allocs"])
+            if last.get("shim_peak_reserved"):
+                pool += "/" + last["shim_peak_reserved"]
+        checks = []
+        for r in these:
+            if "error" in r:
+                errors.append(f"{name} (round {r.get('round')}): {r['error']}")
+                checks.append("ERROR")
+            elif r.get("bench") == "torch":
+                checks.append(fmt(r.get("final_loss"), ".5f"))
+            elif r.get("check_ok") is True:
+                checks.append("ok" if r.get("bench") == "cupy" else f"ok {fmt(r.get('final_loss'), '.4f')}")
+            else:
+                checks.append("FAIL")
+        check = next((c for c in checks if c in ("ERROR", "FAIL")), checks[-1])
+        cells = (name, fmt(median(ms), ".2f"), spread, fmt(median(ratios(name, ms_of)), ".2f"),
+                 fmt(median([mem_of(r) for r in these]), ".0f"), fmt(median(ratios(name, mem_of)), ".2f"),
+                 fmt(median([r.get("peak_reserved_mib") for r in these]), ".0f"), pool, check)
         print("  ".join(c.ljust(x) if i == 0 else c.rjust(x) for i, (c, x) in enumerate(zip(cells, w))))
     print()
     print("ms: median per training step (transformer, resnet, ddp2: rank 0) or per array chain (cupy),")
-    print("  after the warm-up; x base: ratio to the group's first row (PyTorch's caching allocator,")
-    print("  CuPy's pool). dev MiB: peak device memory in use (cudaMemGetInfo total - free, probed")
-    print("  during and after every step) minus the value before the model; the one figure comparable")
-    print("  across allocators. torch res MiB: torch.cuda.max_memory_reserved() (none with caching off).")
-    print("shim pool: allocations the shim's pool served / its peak reserved (SOMA_STATS); 0: the shim")
+    print("  after the warm-up, in each run; the table gives the median over the rounds and [min-max].")
+    print("  x base: the median over the rounds of the ratio to the group's first row in the same round")
+    print("  (PyTorch's caching allocator, CuPy's pool). dev MiB: peak device memory in use")
+    print("  (cudaMemGetInfo total - free, probed during and after every step) minus the value before")
+    print("  the model, median over the rounds; the one figure comparable across allocators.")
+    print("  torch res MiB: torch.cuda.max_memory_reserved() (none with caching off).")
+    print("shim pool: allocations the shim's pool served / its peak reserved (SOMA_STATS, last round); 0: the shim")
     print("  pooled nothing; '-': no statistics (not a shim run, or a shim without SOMA_STATS).")
     print("loss/check: final training loss (seeded: similar across allocators), 'ok' = CuPy results")
     print("  right / DDP parameters identical on every rank.")
@@ -150,7 +177,7 @@ def table(path):
             print("  " + e)
 
 if sys.argv[1] == "finalize":
-    finalize(sys.argv[2], int(sys.argv[3]), *sys.argv[4:7])
+    finalize(sys.argv[2], int(sys.argv[3]), *sys.argv[4:7], int(sys.argv[7]))
 else:
     table(sys.argv[2])
 PYEOF
@@ -180,7 +207,7 @@ if REV=$(git rev-parse --short HEAD 2>/dev/null); then
   git diff --quiet HEAD -- src 2>/dev/null || REV="$REV + uncommitted changes in src/"
   say "source: $REV"
 fi
-say "steps: torch $STEPS (resnet $RESNET_STEPS, ddp $DDP_STEPS) after $WARMUP warm-up; cupy $CUPY_CHAINS chains; limit ${T}s each"
+say "steps: torch $STEPS (resnet $RESNET_STEPS, ddp $DDP_STEPS) after $WARMUP warm-up; cupy $CUPY_CHAINS chains; limit ${T}s each; $REPS rounds"
 env | grep '^SOMA_' | sed 's/^/setting: /' | tee -a "$LOG"
 
 FAILED=0
@@ -198,12 +225,12 @@ scenario() {
   fi
   N=$((N + 1))
   local f
-  f=$WORK/$(echo "$name" | tr '/+' '__')
+  f=$WORK/$(echo "$name" | tr '/+' '__').$ROUND
   rm -f "$f.out" "$f.err" "$f.stats"
   local shimmed=0
   local e
   for e in "${envs[@]}"; do [[ $e == LD_PRELOAD=* ]] && shimmed=1; done
-  echo "== [$N] $name: ${envs[*]} $*"
+  echo "== [$N] $name (round $ROUND of $REPS): ${envs[*]} $*"
   local start=$SECONDS rc
   if [ "$shimmed" = 1 ] && [ -z "$SHIM" ]; then
     echo "shim library not found" >"$f.err"
@@ -214,7 +241,7 @@ scenario() {
     rc=$?
   fi
   local line
-  line=$($PY -c "$HELPER" finalize "$name" "$rc" "$f.out" "$f.err" "$f.stats" 2>&1 | tail -n 1)
+  line=$($PY -c "$HELPER" finalize "$name" "$rc" "$f.out" "$f.err" "$f.stats" "$ROUND" 2>&1 | tail -n 1)
   case $line in
     "{"*) ;;
     *) line="{\"scenario\": \"$name\", \"error\": \"could not read the result\", \"exit_status\": $rc}" ;;
@@ -222,7 +249,7 @@ scenario() {
   echo "$line" >>"$JSONL"
   {
     echo
-    echo "===== $name (exit status $rc, $((SECONDS - start)) s): ${envs[*]} $*"
+    echo "===== $name, round $ROUND (exit status $rc, $((SECONDS - start)) s): ${envs[*]} $*"
     cat "$f.err"
     [ -s "$f.stats" ] && { echo "----- SOMA_STATS"; cat "$f.stats"; }
   } >>"$LOG"
@@ -235,35 +262,41 @@ scenario() {
   fi
 }
 
-for model in transformer resnet; do
-  steps=$STEPS
-  [ "$model" = resnet ] && steps=$RESNET_STEPS
-  args=("$PY" scripts/bench_torch.py --model "$model" --steps "$steps" --warmup "$WARMUP")
-  scenario "$model/caching" -- "${args[@]}" --label "$model/caching"
-  scenario "$model/caching-off" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${args[@]}" --label "$model/caching-off"
-  scenario "$model/caching-off+shim" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" \
-    SOMA_STATS="$PWD/$WORK/${model}_caching-off_shim.stats" -- "${args[@]}" --label "$model/caching-off+shim"
-  scenario "$model/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${args[@]}" \
-    --label "$model/cudaMallocAsync"
+# One round: every scenario once.
+one_round() {
+  for model in transformer resnet; do
+    steps=$STEPS
+    [ "$model" = resnet ] && steps=$RESNET_STEPS
+    args=("$PY" scripts/bench_torch.py --model "$model" --steps "$steps" --warmup "$WARMUP")
+    scenario "$model/caching" -- "${args[@]}" --label "$model/caching"
+    scenario "$model/caching-off" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${args[@]}" --label "$model/caching-off"
+    scenario "$model/caching-off+shim" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" \
+      SOMA_STATS="$PWD/$WORK/${model}_caching-off_shim.$ROUND.stats" -- "${args[@]}" --label "$model/caching-off+shim"
+    scenario "$model/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${args[@]}" \
+      --label "$model/cudaMallocAsync"
+  done
+
+  CUPY=("$PY" scripts/bench_cupy.py --chains "$CUPY_CHAINS" --warmup 5)
+  scenario cupy/pool -- "${CUPY[@]}" --mode pool --label cupy/pool
+  scenario cupy/nopool -- "${CUPY[@]}" --mode nopool --label cupy/nopool
+  scenario cupy/nopool+shim LD_PRELOAD="$SHIM" SOMA_STATS="$PWD/$WORK/cupy_nopool_shim.$ROUND.stats" -- \
+    "${CUPY[@]}" --mode nopool --label cupy/nopool+shim
+
+  if [ "$NGPU" -ge 2 ]; then
+    DDP=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2 scripts/bench_ddp.py
+      --steps "$DDP_STEPS" --warmup "$WARMUP" --timeout "$T")
+    scenario ddp2/caching -- "${DDP[@]}" --label ddp2/caching
+    scenario ddp2/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${DDP[@]}" --label ddp2/caching-off
+    # SOMA_STATS=1: each rank's table goes to stderr, into the log (one file would be overwritten).
+    scenario ddp2/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" SOMA_STATS=1 -- "${DDP[@]}" \
+      --label ddp2/caching-off+shim
+  fi
+}
+
+[ "$NGPU" -ge 2 ] || say "DDP: skipped ($NGPU GPU(s); needs 2)"
+for ROUND in $(seq 1 "$REPS"); do
+  one_round
 done
-
-CUPY=("$PY" scripts/bench_cupy.py --chains "$CUPY_CHAINS" --warmup 5)
-scenario cupy/pool -- "${CUPY[@]}" --mode pool --label cupy/pool
-scenario cupy/nopool -- "${CUPY[@]}" --mode nopool --label cupy/nopool
-scenario cupy/nopool+shim LD_PRELOAD="$SHIM" SOMA_STATS="$PWD/$WORK/cupy_nopool_shim.stats" -- \
-  "${CUPY[@]}" --mode nopool --label cupy/nopool+shim
-
-if [ "$NGPU" -ge 2 ]; then
-  DDP=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2 scripts/bench_ddp.py
-    --steps "$DDP_STEPS" --warmup "$WARMUP" --timeout "$T")
-  scenario ddp2/caching -- "${DDP[@]}" --label ddp2/caching
-  scenario ddp2/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${DDP[@]}" --label ddp2/caching-off
-  # SOMA_STATS=1: each rank's table goes to stderr, into the log (one file would be overwritten).
-  scenario ddp2/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" SOMA_STATS=1 -- "${DDP[@]}" \
-    --label ddp2/caching-off+shim
-else
-  say "DDP: skipped ($NGPU GPU(s); needs 2)"
-fi
 
 echo
 {
