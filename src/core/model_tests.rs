@@ -574,6 +574,22 @@ fn reused_early(gpu: &SimGpu, ptr: u64, stream: Stream) -> bool {
     !gpu.violations().early_reuse.is_empty()
 }
 
+/// The allocator is built on whichever program thread calls first, whatever
+/// its stack: its per-thread-shard tables live on the heap.
+#[test]
+fn the_allocator_is_built_on_a_small_stack() {
+    assert!(std::mem::size_of::<Allocator>() < 32 << 10, "{} bytes", std::mem::size_of::<Allocator>());
+    let built = std::thread::Builder::new()
+        .stack_size(128 << 10)
+        .spawn(|| {
+            let cell = std::sync::OnceLock::new();
+            cell.get_or_init(|| allocator(&[])).stats.device(0).total(|t| &t.pool_allocs)
+        })
+        .expect("a thread")
+        .join();
+    assert_eq!(built.expect("built without overflowing the stack"), 0);
+}
+
 /// A block the program frees itself on a non-blocking stream X, once the
 /// program makes the legacy stream wait for X, must not reach a `cudaMalloc`
 /// on the legacy stream (where allocations go after a barrier) through the

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::locks::{shard, Padded, SHARDS};
+use super::locks::PerShard;
 use super::passthrough::Passthrough;
 
 /// Devices counted separately; a larger ordinal is counted with the last one.
@@ -16,7 +16,7 @@ pub const MAX_DEVICES: usize = 32;
 /// (`in_use`) and the rarer counts are single atomics.
 #[derive(Default)]
 pub struct DeviceCounters {
-    tallies: [Padded<Tally>; SHARDS],
+    tallies: PerShard<Tally>,
     pub in_use: AtomicU64,
     pub peak_in_use: AtomicU64,
     /// The most bytes freed and not yet handed out again (queued, ordered
@@ -62,18 +62,18 @@ pub struct Tally {
 impl DeviceCounters {
     /// This thread's shard of the per-call counts.
     pub fn tally(&self) -> &Tally {
-        &self.tallies[shard()].0
+        self.tallies.mine()
     }
 
     /// One per-call count, over every shard.
     pub fn total(&self, count: impl Fn(&Tally) -> &AtomicU64) -> u64 {
-        self.tallies.iter().fold(0, |sum, t| sum.saturating_add(count(&t.0).load(Relaxed)))
+        self.tallies.iter().fold(0, |sum, t| sum.saturating_add(count(t).load(Relaxed)))
     }
 }
 
 /// Host time spent in one kind of hooked call, tallied per thread shard.
 #[derive(Default)]
-pub struct Timing([Padded<TimingShard>; SHARDS]);
+pub struct Timing(PerShard<TimingShard>);
 
 #[derive(Default)]
 pub struct TimingShard {
@@ -83,13 +83,13 @@ pub struct TimingShard {
 
 impl Timing {
     pub fn add(&self, nanos: u64) {
-        let shard = &self.0[shard()].0;
+        let shard = self.0.mine();
         shard.calls.fetch_add(1, Relaxed);
         add_saturating(&shard.nanos, nanos);
     }
 
     fn sum(&self, field: impl Fn(&TimingShard) -> &AtomicU64) -> u64 {
-        self.0.iter().fold(0, |sum, s| sum.saturating_add(field(&s.0).load(Relaxed)))
+        self.0.iter().fold(0, |sum, s| sum.saturating_add(field(s).load(Relaxed)))
     }
 
     fn mean_us(&self) -> Option<f64> {
