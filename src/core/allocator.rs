@@ -21,7 +21,7 @@ use super::output;
 use super::passthrough::Passthrough;
 use super::pool_slots::{PoolSlot, PoolSlots};
 use super::ptrmap::{Block, Claim, Memory, MemoryKind, PointerMap};
-use super::stats::{PoolPeaks, Stats};
+use super::stats::{raise_peak, PoolPeaks, Stats};
 use super::streams::{capture_key, CaptureKey, StreamRegistry};
 use super::trace::{Op, Trace};
 
@@ -596,11 +596,7 @@ impl Allocator {
             Ok(FreePath::Legacy) => counters.tally().legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
             Ok(path @ (FreePath::Barrier | FreePath::Queued)) => {
                 self.reclaimer.wake();
-                let held = device.held_bytes();
-                // Read first: a read-modify-write on every free would bounce the line between threads.
-                if held > counters.peak_held.load(Ordering::Relaxed) {
-                    counters.peak_held.fetch_max(held, Ordering::Relaxed);
-                }
+                raise_peak(&counters.peak_held, device.held_bytes());
                 let tally = counters.tally();
                 let frees = if path == FreePath::Barrier { &tally.barrier_frees } else { &tally.queued_frees };
                 frees.fetch_add(1, Ordering::Relaxed)

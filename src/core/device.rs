@@ -215,7 +215,7 @@ impl Device {
 
     /// Bytes freed and not yet handed out again (pending or cached).
     pub fn held_bytes(&self) -> u64 {
-        self.pending.pending_bytes() + self.pending.cached_bytes()
+        self.pending.held_bytes()
     }
 
     /// A block of `size` bytes from the pool, usable at once from every
@@ -525,7 +525,7 @@ impl Device {
     pub fn idle_bytes(&self, driver: &impl Gpu) -> u64 {
         let reserved = driver.pool_bytes(self.pool, PoolCounter::ReservedNow).unwrap_or(0);
         let used = driver.pool_bytes(self.pool, PoolCounter::UsedNow).unwrap_or(reserved);
-        reserved.saturating_sub(used) + self.pending.pending_bytes() + self.pending.cached_bytes()
+        reserved.saturating_sub(used) + self.pending.held_bytes()
     }
 
     /// Lets device `accessor` reach every block of this pool, or stops it.

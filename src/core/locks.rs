@@ -18,7 +18,7 @@ use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -78,6 +78,11 @@ impl<T> PerShard<T> {
 
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         self.0.iter().map(|padded| &padded.0)
+    }
+
+    /// One count, over every shard (saturating).
+    pub fn sum(&self, count: impl Fn(&T) -> &AtomicU64) -> u64 {
+        self.iter().fold(0, |sum, shard| sum.saturating_add(count(shard).load(Relaxed)))
     }
 }
 

@@ -129,6 +129,11 @@ impl PendingFrees {
         self.cached_bytes.load(Relaxed)
     }
 
+    /// Bytes freed and not yet handed out again (pending or cached).
+    pub fn held_bytes(&self) -> u64 {
+        self.pending_bytes() + self.cached_bytes()
+    }
+
     /// Whether anything waits to be joined or to pass.
     pub fn busy(&self) -> bool {
         self.pending_bytes() > 0
@@ -319,7 +324,7 @@ impl PendingFrees {
             // Blocks cached before this go.
             let release_before = match keep {
                 Keep::Young { within } => {
-                    let excess = (self.pending_bytes() + self.cached_bytes()).saturating_sub(within);
+                    let excess = self.held_bytes().saturating_sub(within);
                     Instant::now().checked_sub(CACHE_AGE).max(oldest_to_release(&cache, excess))
                 }
                 Keep::None => Some(after_all_cached()),

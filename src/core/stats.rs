@@ -67,7 +67,7 @@ impl DeviceCounters {
 
     /// One per-call count, over every shard.
     pub fn total(&self, count: impl Fn(&Tally) -> &AtomicU64) -> u64 {
-        self.tallies.iter().fold(0, |sum, t| sum.saturating_add(count(t).load(Relaxed)))
+        self.tallies.sum(count)
     }
 }
 
@@ -89,7 +89,7 @@ impl Timing {
     }
 
     fn sum(&self, field: impl Fn(&TimingShard) -> &AtomicU64) -> u64 {
-        self.0.iter().fold(0, |sum, s| sum.saturating_add(field(s).load(Relaxed)))
+        self.0.sum(field)
     }
 
     fn mean_us(&self) -> Option<f64> {
@@ -180,10 +180,7 @@ impl Stats {
         tally.pool_allocs.fetch_add(1, Relaxed);
         add_saturating(&tally.pool_alloc_bytes, size);
         let in_use = add_saturating(&d.in_use, size);
-        // Read first: a read-modify-write on every allocation would take the line from other threads.
-        if in_use > d.peak_in_use.load(Relaxed) {
-            d.peak_in_use.fetch_max(in_use, Relaxed);
-        }
+        raise_peak(&d.peak_in_use, in_use);
         in_use
     }
 
@@ -289,6 +286,14 @@ impl Stats {
 /// Adds `n` to a byte counter and returns the sum. It stops at `u64::MAX`
 /// rather than wrapping: requests of `SIZE_MAX` bytes are real (and fail), and
 /// two of them must not read as a small figure.
+/// Raises `peak` to `value` if higher. Read first: a read-modify-write on
+/// every call would take the line from the other threads calling.
+pub fn raise_peak(peak: &AtomicU64, value: u64) {
+    if value > peak.load(Relaxed) {
+        peak.fetch_max(value, Relaxed);
+    }
+}
+
 fn add_saturating(counter: &AtomicU64, n: u64) -> u64 {
     let (Ok(previous) | Err(previous)) = counter.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_add(n)));
     previous.saturating_add(n)
