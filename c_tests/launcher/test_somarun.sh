@@ -162,6 +162,7 @@ OPTS=(
   "--min-bytes|SOMA_MIN_BYTES|1K"
   "--max-bytes|SOMA_MAX_BYTES|512MiB"
   "--pending-free-limit|SOMA_PENDING_FREE_LIMIT|64MiB"
+  "--legacy-cache|SOMA_LEGACY_CACHE|on"
   "--memory-limit|SOMA_MEMORY_LIMIT|50%"
   "--host-pool|SOMA_HOST_POOL|0"
   "--meminfo|SOMA_MEMINFO|pool"
@@ -427,7 +428,7 @@ else
 fi
 missing=""
 for opt in --stats --trace --threshold --pool --min-bytes --max-bytes --free-sync --pending-free-limit \
-  --meminfo --passthrough-callers --log --disable --lib --help --version SOMASHIM_LIB; do
+  --legacy-cache --meminfo --passthrough-callers --log --disable --lib --help --version SOMASHIM_LIB; do
   "$SOMARUN" --help | grep -q -e "$opt" || missing="$missing $opt"
 done
 if [ -z "$missing" ]; then pass "usage names every option"; else fail "usage names every option" "missing:$missing"; fi

@@ -16,7 +16,7 @@ use super::locks::{lock, read, write, ReadMostly};
 use super::device::{AllocFailure, Device, FreePath, Wait};
 use super::exports::{Exports, Secret};
 use super::reclaimer::{Activity, Reclaimer};
-use crate::cuda::gpu::{Context, Gpu, Pool, Stream};
+use crate::cuda::gpu::{Context, Event, Gpu, Pool, Stream};
 use super::output;
 use super::passthrough::Passthrough;
 use super::pool_slots::{PoolSlot, PoolSlots};
@@ -48,6 +48,8 @@ pub struct Allocator {
     deferred: Mutex<Vec<(u64, Block)>>,
     /// Whether `deferred` may be non-empty (checked on every call, locked rarely).
     has_deferred: AtomicBool,
+    /// A thread is retiring passed tails of destroyed streams.
+    retiring_tails: AtomicBool,
     /// (owner, accessor): `accessor` enabled peer access to `owner`'s memory.
     peer_grants: Mutex<HashSet<(i32, i32)>>,
     /// Blocks exported through CUDA IPC, and their importers' leases.
@@ -134,6 +136,7 @@ impl Allocator {
             captures: ReadMostly::default(),
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
+            retiring_tails: AtomicBool::new(false),
             peer_grants: Mutex::new(HashSet::new()),
             exports: Exports::default(),
             reclaimer: Reclaimer::default(),
@@ -290,6 +293,37 @@ impl Allocator {
             }
         }
         activity
+    }
+
+    /// Forgets the last work of destroyed streams of `context` that the GPU
+    /// has passed: frees wait for it no more, and once none is left they go
+    /// on the legacy stream again. The events are asked with no lock held,
+    /// and dropped under the registry's write lock only if one passed and no
+    /// other thread holds the registry (else a later free retries), so no
+    /// thread waits on these driver calls. One thread at a time
+    /// (`retiring_tails`): no tail this one saw is removed and destroyed by
+    /// another meanwhile, and its handle reused for a new one.
+    fn retire_passed_tails(&self, driver: &impl Gpu, context: Context) {
+        if read(&self.streams).streams_of(context).is_none_or(|streams| streams.tails.is_empty())
+            || self.retiring_tails.swap(true, Ordering::Acquire)
+        {
+            return;
+        }
+        let tails = read(&self.streams).streams_of(context).map(|streams| streams.tails.clone()).unwrap_or_default();
+        let passed: Vec<Event> = tails.into_iter().filter(|&tail| driver.has_passed(tail)).collect();
+        let mut retired = Vec::new();
+        if !passed.is_empty() {
+            if let Some(mut registry) = self.streams.try_write() {
+                // Those still there: a reset may have dropped the context's meanwhile.
+                let tails = &mut registry.of(context).tails;
+                retired = tails.iter().copied().filter(|tail| passed.contains(tail)).collect();
+                tails.retain(|tail| !passed.contains(tail));
+            }
+        }
+        for tail in retired {
+            let _ = driver.destroy_event(tail);
+        }
+        self.retiring_tails.store(false, Ordering::Release);
     }
 
     /// Starts the reclaimer thread unless it runs. True if it runs.
@@ -581,12 +615,7 @@ impl Allocator {
             return;
         };
         let result = driver.with_context_from(current, device.context, || {
-            if read(&self.streams).streams_of(device.context).is_some_and(|s| !s.tails.is_empty()) {
-                // Not worth waiting for: the next free retires them.
-                if let Some(mut registry) = self.streams.try_write() {
-                    registry.of(device.context).retire_passed_tails(driver);
-                }
-            }
+            self.retire_passed_tails(driver, device.context);
             // Held through the free: no stream of the context is made or destroyed meanwhile.
             let registry = read(&self.streams);
             device.free(driver, ptr, block.size, &registry.predecessors(device.context), &self.map)
@@ -594,6 +623,14 @@ impl Allocator {
         let counters = self.stats.counters(device.ordinal, device.host);
         match result.and_then(|r| r) {
             Ok(FreePath::Legacy) => counters.tally().legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
+            Ok(FreePath::LegacyCached) => {
+                if !self.reclaimer.running() {
+                    // Started for the cache's ageing; once running, its idle
+                    // steps age it (a wake per free would keep it stepping).
+                    self.reclaimer.wake();
+                }
+                counters.tally().legacy_cached_frees.fetch_add(1, Ordering::Relaxed)
+            }
             Ok(path @ (FreePath::Barrier | FreePath::Queued)) => {
                 self.reclaimer.wake();
                 raise_peak(&counters.peak_held, device.held_bytes());

@@ -31,6 +31,16 @@ pub enum FreeOrder {
     Join,
 }
 
+/// When a `cudaFree` with only blocking streams keeps its block on the host
+/// for the next `cudaMalloc` of its size (see `turns`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LegacyCache {
+    /// While several threads take turns freeing.
+    Auto,
+    On,
+    Off,
+}
+
 /// Where `SOMA_STATS` sends the table printed at exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StatsOutput {
@@ -86,6 +96,7 @@ pub struct Config {
     pub host_pool: bool,
     pub free_order: FreeOrder,
     pub pending_free_limit: Bytes,
+    pub legacy_cache: LegacyCache,
     /// Device memory the pool may hold per device (`Exact(u64::MAX)`: no cap).
     pub memory_limit: Bytes,
     pub stats: StatsOutput,
@@ -106,6 +117,7 @@ enum Kind {
     Share,
     Pool,
     FreeOrder,
+    LegacyCache,
     Stats,
     Path,
     MemInfo,
@@ -129,6 +141,7 @@ impl Kind {
             }
             Kind::Pool => "own or default",
             Kind::FreeOrder => "barrier or join",
+            Kind::LegacyCache => "auto, on or off",
             Kind::Stats => "0 or 1 (also true/false, yes/no, on/off; 1: to stderr), or a file path, which must contain a / (such as ./stats.txt)",
             Kind::Path => "a file path, or empty for none",
             Kind::MemInfo => "real or pool",
@@ -147,6 +160,7 @@ enum Value {
     Size(Bytes),
     Pool(PoolChoice),
     FreeOrder(FreeOrder),
+    LegacyCache(LegacyCache),
     Stats(StatsOutput),
     Path(Option<String>),
     MemInfo(MemInfo),
@@ -268,6 +282,13 @@ pub static VARIABLES: &[Variable] = &[
         default: "64MiB",
         doc: "Bytes freed and not yet reused, per device, past which batches of frees are ordered behind barriers on the GPU and reused at once instead of once the GPU has passed them.",
         store: store!(pending_free_limit, Size),
+    },
+    Variable {
+        name: "SOMA_LEGACY_CACHE",
+        kind: Kind::LegacyCache,
+        default: "auto",
+        doc: "With only blocking streams, whether cudaFree keeps its block (within SOMA_PENDING_FREE_LIMIT) for the next cudaMalloc of its size, which then makes no driver call; auto: while several threads take turns freeing.",
+        store: store!(legacy_cache, LegacyCache),
     },
     Variable {
         name: "SOMA_MEMORY_LIMIT",
@@ -412,6 +433,7 @@ impl Config {
             host_pool: true,
             free_order: FreeOrder::Join,
             pending_free_limit: Bytes::Exact(0),
+            legacy_cache: LegacyCache::Auto,
             memory_limit: Bytes::Exact(0),
             stats: StatsOutput::Off,
             trace: None,
@@ -501,6 +523,12 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
         Kind::FreeOrder => match text.to_ascii_lowercase().as_str() {
             "barrier" => Some(Value::FreeOrder(FreeOrder::Barrier)),
             "join" => Some(Value::FreeOrder(FreeOrder::Join)),
+            _ => None,
+        },
+        Kind::LegacyCache => match text.to_ascii_lowercase().as_str() {
+            "auto" => Some(Value::LegacyCache(LegacyCache::Auto)),
+            "on" => Some(Value::LegacyCache(LegacyCache::On)),
+            "off" => Some(Value::LegacyCache(LegacyCache::Off)),
             _ => None,
         },
         // A path is told from a flag by its `/`, so that a mistyped flag
@@ -610,6 +638,7 @@ mod tests {
         assert!(!c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Join);
         assert_eq!(c.pending_free_limit, Bytes::Exact(64 << 20));
+        assert_eq!(c.legacy_cache, LegacyCache::Auto);
         assert_eq!(c.memory_limit, Bytes::Exact(u64::MAX));
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
@@ -737,6 +766,7 @@ mod tests {
             ("SOMA_FREE_SYNC", "true"),
             ("SOMA_FREE_ORDER", "barrier"),
             ("SOMA_PENDING_FREE_LIMIT", "1M"),
+            ("SOMA_LEGACY_CACHE", "OFF"),
             ("SOMA_MEMORY_LIMIT", "25%"),
             ("SOMA_STATS", "1"),
             ("SOMA_TRACE", "/tmp/t.csv"),
@@ -753,6 +783,7 @@ mod tests {
         assert!(c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Barrier);
         assert_eq!(c.pending_free_limit, Bytes::Exact(1 << 20));
+        assert_eq!(c.legacy_cache, LegacyCache::Off);
         assert_eq!(c.memory_limit, Bytes::DeviceShare(2500));
         assert_eq!(c.stats, StatsOutput::Stderr);
         assert_eq!(c.trace.as_deref(), Some("/tmp/t.csv"));

@@ -50,11 +50,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
-use super::config::{Config, FreeOrder, PoolChoice};
+use super::config::{Config, FreeOrder, LegacyCache, PoolChoice};
+use super::locks::thread_number;
 use super::pending::{Keep, PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
 use super::stats::{DeviceCounters, PoolPeaks};
+use super::turns::Turns;
 use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, CONTEXT_IS_DESTROYED};
 
 pub struct Device {
@@ -96,6 +98,10 @@ pub struct Device {
     order: FreeOrder,
     internal_deps: bool,
     pending_free_limit: u64,
+    /// `SOMA_LEGACY_CACHE`: when a free with only blocking streams keeps its block.
+    legacy_cache: LegacyCache,
+    /// Which threads free, for `LegacyCache::Auto`.
+    turns: Turns,
     /// `SOMA_MEMORY_LIMIT`: the most the pool may reserve, if limited.
     memory_limit: Option<u64>,
     /// Frees in join order, and the blocks they become.
@@ -134,6 +140,9 @@ pub enum Wait {
 pub enum FreePath {
     /// Freed on the legacy stream (only blocking streams).
     Legacy,
+    /// Kept in the cache after a mark on the legacy stream (only blocking
+    /// streams, `SOMA_LEGACY_CACHE`).
+    LegacyCached,
     /// Queued for the reclaimer, to be freed behind a barrier.
     Barrier,
     /// Queued for the reclaimer, to be joined.
@@ -185,6 +194,8 @@ impl Device {
             order: if host { FreeOrder::Join } else { config.free_order },
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit.resolve(total),
+            legacy_cache: config.legacy_cache,
+            turns: Turns::default(),
             memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
             pending: PendingFrees::default(),
         })
@@ -290,7 +301,7 @@ impl Device {
             return if self.pending.busy() { Activity::Pending(Duration::ZERO) } else { Activity::Idle };
         };
         let started = Instant::now();
-        let to_pool = |ptr, behind_barrier| self.return_to_pool(driver, ptr, behind_barrier);
+        let to_pool = |ptr, in_legacy_order| self.return_to_pool(driver, ptr, in_legacy_order);
         let queued = self.pending.take_queued(&r);
         // Decided once the batch is taken, so that its blocks are counted in
         // the bytes held. Host memory is never reused in a stream's order
@@ -369,11 +380,11 @@ impl Device {
 
     /// Gives a cached block back to the pool: one whose work the GPU has
     /// passed on the idle pool stream, where the pool can hand it out again
-    /// at once; one ordered behind a barrier on the legacy stream, whose
-    /// work may still run, where allocations reuse it in that order (and
-    /// others only once the GPU has passed it).
-    fn return_to_pool(&self, driver: &impl Gpu, ptr: u64, behind_barrier: bool) {
-        let stream = if behind_barrier { Stream::LEGACY } else { self.pool_stream };
+    /// at once; one ordered on the legacy stream, whose work may still run,
+    /// on that stream, where allocations reuse it in its order (and others
+    /// only once the GPU has passed it).
+    fn return_to_pool(&self, driver: &impl Gpu, ptr: u64, in_legacy_order: bool) {
+        let stream = if in_legacy_order { Stream::LEGACY } else { self.pool_stream };
         if let Err(e) = driver.free_async(ptr, stream) {
             log::warn!("device {}: returning a block to the pool failed: {e:?}", self.ordinal);
         }
@@ -396,6 +407,16 @@ impl Device {
         if self.switch_streams(on_legacy) {
             log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });
         }
+        if only_blocking && self.keeps_legacy_free(size) {
+            // Any operation on the legacy stream waits for the blocking
+            // streams' work before it, and their work after it waits for it:
+            // the mark orders the block's next owner, on any blocking stream,
+            // after its old work, with no driver call at the allocation.
+            // (A non-blocking stream made later waits for the mark too.)
+            driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+            self.pending.cache_in_legacy_order(ptr, size);
+            return Ok(FreePath::LegacyCached);
+        }
         if only_blocking {
             // The legacy stream orders every blocking stream: freed in its
             // order, reused in its order. Last: if anything failed, the block
@@ -406,6 +427,17 @@ impl Device {
         }
         self.pending.queue(ptr, size);
         Ok(if on_legacy { FreePath::Barrier } else { FreePath::Queued })
+    }
+
+    /// Whether a free of `size` bytes with only blocking streams keeps its
+    /// block in the cache (`SOMA_LEGACY_CACHE`), within the pending-free limit.
+    fn keeps_legacy_free(&self, size: u64) -> bool {
+        let wanted = match self.legacy_cache {
+            LegacyCache::On => true,
+            LegacyCache::Off => false,
+            LegacyCache::Auto => self.turns.note(thread_number()),
+        };
+        wanted && self.held_bytes() + size <= self.pending_free_limit
     }
 
     /// Whether allocations go on the legacy stream, where blocks freed there

@@ -47,11 +47,17 @@ pub const SHARDS: usize = 16;
 
 /// This thread's shard, in `0..SHARDS`: threads take them in turn.
 pub fn shard() -> usize {
+    thread_number() % SHARDS
+}
+
+/// A number of this thread's own, in the order threads first ask: no two
+/// threads of the process share one.
+pub fn thread_number() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
+        static NUMBER: usize = NEXT.fetch_add(1, Relaxed);
     }
-    SHARD.with(|s| *s)
+    NUMBER.with(|n| *n)
 }
 
 /// One cache line (two, for the adjacent-line prefetcher) to itself.

@@ -416,6 +416,13 @@ proptest! {
     }
 
     #[test]
+    fn no_block_is_reused_before_earlier_work_legacy_cache((actions, seed) in program()) {
+        // With only blocking streams, every free keeps its block in the cache.
+        let found = violations_of(&allocator(&[("SOMA_LEGACY_CACHE", "on")]), &actions, seed);
+        prop_assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
     fn no_block_is_reused_before_earlier_work_default_pool((actions, seed) in program()) {
         let found = violations_of(&allocator(&[("SOMA_POOL", "default")]), &actions, seed);
         prop_assert!(found.is_empty(), "{found:#?}");
@@ -465,12 +472,21 @@ fn the_naive_shim_fails_the_basic_race_and_ours_passes() {
     }
 }
 
-/// Many host threads, each with a non-blocking stream of its own, allocate
-/// and free at once while the GPU runs in the background, and the reclaimer
-/// thread joins and returns their frees.
+/// Many host threads, each with a stream of its own (non-blocking for three
+/// in four, or blocking for all), allocate and free at once while the GPU
+/// runs in the background, and the reclaimer thread joins and returns their
+/// frees, or ages the blocks kept in the legacy stream's order.
 #[test]
 fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
-    for (seed, settings) in [(1, &[][..]), (2, &[("SOMA_FREE_ORDER", "barrier")][..]), (3, &[][..])] {
+    let rounds = [
+        (1, &[][..], true),
+        (2, &[("SOMA_FREE_ORDER", "barrier")][..], true),
+        (3, &[][..], true),
+        (4, &[("SOMA_LEGACY_CACHE", "on")][..], false),
+        (5, &[][..], false),
+        (6, &[("SOMA_LEGACY_CACHE", "off")][..], false),
+    ];
+    for (seed, settings, nonblocking) in rounds {
         // The reclaimer thread borrows both for the life of the process.
         let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(seed, 1 << 30)));
         let shim: &'static Allocator = Box::leak(Box::new(allocator(settings)));
@@ -488,8 +504,9 @@ fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
         let threads: Vec<_> = (0..8)
             .map(|t| {
                 std::thread::spawn(move || -> u64 {
-                    let own = gpu.program_stream(t % 4 != 0);
-                    if t % 4 != 0 {
+                    let own_nonblocking = nonblocking && t % 4 != 0;
+                    let own = gpu.program_stream(own_nonblocking);
+                    if own_nonblocking {
                         Shim::stream_created(shim, gpu, own);
                     }
                     let mut pooled = 0;
@@ -515,6 +532,12 @@ fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
         background.join().expect("the GPU thread");
         gpu.drain();
         assert!(pooled > 8 * 150 / 2, "{settings:?}: the pool served only {pooled} of 1200 allocations");
+        let kept = shim.stats.device(0).total(|t| &t.legacy_cached_frees);
+        match settings {
+            [("SOMA_LEGACY_CACHE", "on")] => assert!(kept > 0, "only blocking streams: no free was kept"),
+            [("SOMA_LEGACY_CACHE", "off")] => assert_eq!(kept, 0, "{kept} frees kept"),
+            _ => {} // auto: whether threads on two cores take turns is up to the scheduler
+        }
         let v = gpu.violations();
         assert!(v.is_empty(), "{settings:?}: {v:#?}");
     }
@@ -752,5 +775,33 @@ fn past_the_pending_limit_device_frees_are_reused_at_once_and_host_frees_waited_
         }
         gpu.drain();
         assert!(gpu.violations().is_empty(), "{memory:?}: {:?}", gpu.violations());
+    }
+}
+
+/// With only blocking streams and `SOMA_LEGACY_CACHE=on`, a free marks the
+/// legacy stream (one driver call) and keeps the block; the next allocation
+/// of its size takes it with no driver call, and the new owner's work on
+/// another blocking stream still runs after the old owner's, whichever order
+/// the GPU picks.
+#[test]
+fn a_block_kept_in_the_legacy_streams_order_comes_back_without_a_driver_call_and_in_order() {
+    for seed in 0..32 {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[("SOMA_LEGACY_CACHE", "on")]);
+        let (first, second) = (gpu.program_stream(false), gpu.program_stream(false));
+        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
+        gpu.launch(first, touch);
+        gpu.program_freed(touch);
+        let before = gpu.work_calls();
+        Shim::free(&shim, &gpu, ptr);
+        assert_eq!(gpu.work_calls() - before, 1, "seed {seed}: a kept free is one mark on the legacy stream");
+        let before = gpu.work_calls();
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        assert_eq!((again, gpu.work_calls()), (ptr, before), "seed {seed}: the kept block, with no driver call");
+        gpu.launch(second, Touch { ptr, generation: gpu.next_generation(ptr) });
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
+        assert_eq!(shim.stats.device(0).total(|t| &t.legacy_cached_frees), 1);
     }
 }

@@ -23,7 +23,10 @@
 //! them. Work issued on any stream after that runs after the old work, so
 //! its blocks go to the cache at once, before the GPU has passed anything.
 //! Such a block goes back to the pool in the legacy stream's order (the old
-//! work may still run), where only the legacy stream reuses it at once.
+//! work may still run), where only the legacy stream reuses it at once. So
+//! does a block the program freed with only blocking streams, which the
+//! cache may take at once after a mark on the legacy stream
+//! (`cache_in_legacy_order`, `SOMA_LEGACY_CACHE`).
 //!
 //! Locks: the queue and the cache are held for a push or a pop, never over a
 //! driver call, so program threads never wait on a driver call of another's.
@@ -67,8 +70,9 @@ struct Batch {
 struct Cached {
     ptr: u64,
     since: Instant,
-    /// Ordered behind a barrier: the work before its free may still run.
-    behind_barrier: bool,
+    /// Ordered on the legacy stream (behind a barrier, or freed there with
+    /// only blocking streams): the work before its free may still run.
+    in_legacy_order: bool,
 }
 
 /// Which cached blocks stay in the cache when the rest go back to the pool.
@@ -255,7 +259,7 @@ impl PendingFrees {
             return Err(e);
         }
         let bytes = blocks.iter().map(|b| b.size).sum();
-        self.cache(blocks, bytes, true);
+        self.cache_pending(blocks, bytes, true);
         Ok(())
     }
 
@@ -293,26 +297,34 @@ impl PendingFrees {
             return;
         };
         r.spare_events.push(batch.done);
-        self.cache(batch.blocks, batch.bytes, false);
+        self.cache_pending(batch.blocks, batch.bytes, false);
+    }
+
+    /// The program freed `ptr` with only blocking streams, after a mark on
+    /// the legacy stream: cached at once, for reuse in that stream's order.
+    pub fn cache_in_legacy_order(&self, ptr: u64, size: u64) {
+        self.cache([Block { ptr, size }], size, true);
     }
 
     /// Moves pending blocks (`bytes` in all) into the cache.
-    fn cache(&self, blocks: Vec<Block>, bytes: u64, behind_barrier: bool) {
-        let since = Instant::now();
-        {
-            let mut cache = lock(&self.cache);
-            // Counted before a block can be taken: the count never falls below the cache.
-            self.cached_bytes.fetch_add(bytes, Relaxed);
-            for block in blocks {
-                cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since, behind_barrier });
-            }
-        }
+    fn cache_pending(&self, blocks: Vec<Block>, bytes: u64, in_legacy_order: bool) {
+        self.cache(blocks, bytes, in_legacy_order);
         self.pending_bytes.fetch_sub(bytes, Relaxed);
     }
 
+    fn cache(&self, blocks: impl IntoIterator<Item = Block>, bytes: u64, in_legacy_order: bool) {
+        let since = Instant::now();
+        let mut cache = lock(&self.cache);
+        // Counted before a block can be taken: the count never falls below the cache.
+        self.cached_bytes.fetch_add(bytes, Relaxed);
+        for block in blocks {
+            cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since, in_legacy_order });
+        }
+    }
+
     /// Hands the cached blocks `keep` does not keep to `to_pool`, with
-    /// whether each was ordered behind a barrier (then the work before its
-    /// free may still run). Each leaves `map` first: once in the pool,
+    /// whether each was ordered on the legacy stream (then the work before
+    /// its free may still run). Each leaves `map` first: once in the pool,
     /// another thread may be handed the address.
     pub fn release_cached(&self, keep: Keep, map: &PointerMap, mut to_pool: impl FnMut(u64, bool)) {
         if self.cached_bytes() == 0 {
@@ -333,14 +345,14 @@ impl PendingFrees {
                 for (&size, blocks) in cache.iter_mut() {
                     // Oldest first: blocks are pushed in time order and popped from the back.
                     let keep_from = blocks.iter().position(|b| b.since >= cutoff).unwrap_or(blocks.len());
-                    released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.behind_barrier)));
+                    released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.in_legacy_order)));
                 }
                 cache.retain(|_, blocks| !blocks.is_empty());
             }
         }
-        for (ptr, size, behind_barrier) in released {
+        for (ptr, size, in_legacy_order) in released {
             map.returned(ptr);
-            to_pool(ptr, behind_barrier);
+            to_pool(ptr, in_legacy_order);
             // Counted as held until the pool has it: an allocation that saw
             // less would grow the pool while the block is on its way back.
             self.cached_bytes.fetch_sub(size, Relaxed);
@@ -407,7 +419,7 @@ mod tests {
         for (ptr, &size) in (1..).zip(sizes) {
             pending.queue(ptr, size);
             let block = lock(&pending.queued).pop().expect("queued");
-            pending.cache(vec![block], size, ptr % 2 == 0);
+            pending.cache_pending(vec![block], size, ptr % 2 == 0);
             std::thread::sleep(Duration::from_millis(1));
         }
         pending
@@ -418,7 +430,7 @@ mod tests {
         let map = PointerMap::default();
         let pending = cached(&[4, 4, 8, 2]);
         let mut released = Vec::new();
-        pending.release_cached(Keep::Young { within: 12 }, &map, |ptr, behind_barrier| released.push((ptr, behind_barrier)));
+        pending.release_cached(Keep::Young { within: 12 }, &map, |ptr, in_legacy_order| released.push((ptr, in_legacy_order)));
         assert_eq!(released, [(1, false), (2, true)], "18 bytes held, 12 kept: the two oldest go");
         assert_eq!(pending.cached_bytes(), 10);
         assert_eq!(pending.take_cached(8), Some(3));

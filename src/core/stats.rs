@@ -51,11 +51,13 @@ pub struct Tally {
     pub pool_free_bytes: AtomicU64,
     /// Frees ordered by the legacy stream alone (no non-blocking stream then).
     pub legacy_stream_frees: AtomicU64,
+    /// Frees kept in the cache after a mark on the legacy stream (`SOMA_LEGACY_CACHE`).
+    pub legacy_cached_frees: AtomicU64,
     /// Frees on the legacy stream with non-blocking streams ordered by waits.
     pub barrier_frees: AtomicU64,
     /// Frees queued for a batched join (non-blocking streams, join order).
     pub queued_frees: AtomicU64,
-    /// Allocations served from blocks whose work had passed, with no driver call.
+    /// Allocations served from the cache, with no driver call.
     pub cache_hits: AtomicU64,
 }
 
@@ -238,11 +240,12 @@ impl Stats {
                 }
             }
             count(&mut out, "frees on the legacy stream", d.total(|t| &t.legacy_stream_frees));
+            count(&mut out, "frees kept in legacy order", d.total(|t| &t.legacy_cached_frees));
             count(&mut out, "frees behind barriers", d.total(|t| &t.barrier_frees));
             count(&mut out, "frees joined in batches", d.total(|t| &t.queued_frees));
             count(&mut out, "batches ordered", d.batches.load(Relaxed));
             count(&mut out, "batches past the limit", d.limit_barriers.load(Relaxed));
-            count(&mut out, "allocations from passed frees", d.total(|t| &t.cache_hits));
+            count(&mut out, "allocations from the cache", d.total(|t| &t.cache_hits));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));

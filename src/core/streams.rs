@@ -3,7 +3,7 @@
 //! under which a stream capture is tracked.
 
 use super::pending::Predecessors;
-use crate::cuda::gpu::{Context, Event, Gpu, Stream};
+use crate::cuda::gpu::{Context, Event, Stream};
 
 /// Per context: the streams every free there must wait for.
 #[derive(Default)]
@@ -67,19 +67,5 @@ impl StreamRegistry {
 
     pub fn forget_context(&mut self, context: Context) {
         self.contexts.retain(|(c, _)| *c != context);
-    }
-}
-
-impl ContextStreams {
-    /// Drops the tails of destroyed streams that the GPU has passed.
-    pub fn retire_passed_tails(&mut self, driver: &impl Gpu) {
-        self.tails.retain(|&event| {
-            if driver.has_passed(event) {
-                let _ = driver.destroy_event(event);
-                false
-            } else {
-                true
-            }
-        });
     }
 }
