@@ -75,9 +75,18 @@ impl Forgotten {
     }
 }
 
+/// Clears its flag when dropped: a flag taken by one thread at a time.
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// Where an allocation came from.
 enum Served {
-    /// A block freed earlier whose work has passed: pending in the map.
+    /// A block freed earlier, from the cache (`Device::take_cached`): pending in the map.
     Cached(u64),
     /// New from the pool.
     Pool(u64),
@@ -209,7 +218,7 @@ impl Allocator {
         }
     }
 
-    /// A block of `size` bytes: one whose earlier work has passed, else a
+    /// A block of `size` bytes: one from the cache, else a
     /// new one from the pool. Past the pending-free bound this thread first
     /// orders the queued frees itself (device memory: behind a barrier, so
     /// they are reused at once; pinned host memory: waiting for the oldest),
@@ -297,33 +306,39 @@ impl Allocator {
 
     /// Forgets the last work of destroyed streams of `context` that the GPU
     /// has passed: frees wait for it no more, and once none is left they go
-    /// on the legacy stream again. The events are asked with no lock held,
-    /// and dropped under the registry's write lock only if one passed and no
-    /// other thread holds the registry (else a later free retries), so no
+    /// on the legacy stream again. The events are asked without the stream
+    /// registry's lock, and dropped under its write lock only if one passed
+    /// and no other thread holds it (else a later free retries), so no
     /// thread waits on these driver calls. One thread at a time
-    /// (`retiring_tails`): no tail this one saw is removed and destroyed by
-    /// another meanwhile, and its handle reused for a new one.
+    /// (`retiring_tails`), so no tail it saw is removed and destroyed by
+    /// another meanwhile; only a reset can (the registry counts them).
     fn retire_passed_tails(&self, driver: &impl Gpu, context: Context) {
         if read(&self.streams).streams_of(context).is_none_or(|streams| streams.tails.is_empty())
             || self.retiring_tails.swap(true, Ordering::Acquire)
         {
             return;
         }
-        let tails = read(&self.streams).streams_of(context).map(|streams| streams.tails.clone()).unwrap_or_default();
-        let passed: Vec<Event> = tails.into_iter().filter(|&tail| driver.has_passed(tail)).collect();
-        let mut retired = Vec::new();
-        if !passed.is_empty() {
-            if let Some(mut registry) = self.streams.try_write() {
-                // Those still there: a reset may have dropped the context's meanwhile.
-                let tails = &mut registry.of(context).tails;
-                retired = tails.iter().copied().filter(|tail| passed.contains(tail)).collect();
-                tails.retain(|tail| !passed.contains(tail));
-            }
+        let _retiring = ClearOnDrop(&self.retiring_tails);
+        let (forgotten, tails) = {
+            let registry = read(&self.streams);
+            let tails = registry.streams_of(context).map(|streams| streams.tails.clone()).unwrap_or_default();
+            (registry.forgotten, tails)
+        };
+        let passed: HashSet<Event> = tails.into_iter().filter(|&tail| driver.has_passed(tail)).collect();
+        if passed.is_empty() {
+            return;
         }
-        for tail in retired {
+        let Some(mut registry) = self.streams.try_write() else {
+            return;
+        };
+        if registry.forgotten != forgotten {
+            return; // a reset: these events are gone, their handles maybe reused
+        }
+        registry.of(context).tails.retain(|tail| !passed.contains(tail));
+        drop(registry);
+        for tail in passed {
             let _ = driver.destroy_event(tail);
         }
-        self.retiring_tails.store(false, Ordering::Release);
     }
 
     /// Starts the reclaimer thread unless it runs. True if it runs.
@@ -552,6 +567,8 @@ impl Allocator {
 
     /// In a forked child, before it goes on: its reports go to files of its own.
     pub fn after_fork(&self) {
+        // A thread that was retiring tails did not come along.
+        self.retiring_tails.store(false, Ordering::Release);
         let pid = std::process::id();
         self.forked_child.store(pid, Ordering::Relaxed);
         if let Some(trace) = &self.trace {
@@ -624,6 +641,7 @@ impl Allocator {
         match result.and_then(|r| r) {
             Ok(FreePath::Legacy) => counters.tally().legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
             Ok(FreePath::LegacyCached) => {
+                raise_peak(&counters.peak_held, device.held_bytes());
                 if !self.reclaimer.running() {
                     // Started for the cache's ageing; once running, its idle
                     // steps age it (a wake per free would keep it stepping).

@@ -11,6 +11,11 @@
 //! The one stream that would not be ordered is a non-blocking stream made
 //! later: before one is, the host waits for the legacy stream's work (the
 //! real `cudaFree` had waited for the part of it issued before each free).
+//! With `SOMA_LEGACY_CACHE` (by default while several threads take turns
+//! freeing, `turns`), a free instead records a mark on the legacy stream and
+//! caches the block, and the next allocation of its size takes it with no
+//! driver call: the mark orders the new owner, on any blocking stream, after
+//! the old owner's work, as the free there did.
 //!
 //! *Non-blocking streams too*, `SOMA_FREE_ORDER=barrier`: a free only queues
 //! the block; the reclaimer frees each batch on the legacy stream behind
@@ -51,7 +56,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use super::config::{Config, FreeOrder, LegacyCache, PoolChoice};
-use super::locks::thread_number;
+use super::locks::{thread_number, Padded};
 use super::pending::{Keep, PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
@@ -100,11 +105,12 @@ pub struct Device {
     pending_free_limit: u64,
     /// `SOMA_LEGACY_CACHE`: when a free with only blocking streams keeps its block.
     legacy_cache: LegacyCache,
-    /// Which threads free, for `LegacyCache::Auto`.
-    turns: Turns,
+    /// Which threads free, for `LegacyCache::Auto` (written while they take
+    /// turns: a line of its own).
+    turns: Padded<Turns>,
     /// `SOMA_MEMORY_LIMIT`: the most the pool may reserve, if limited.
     memory_limit: Option<u64>,
-    /// Frees in join order, and the blocks they become.
+    /// Frees queued, joined or cached, and the blocks they become.
     pending: PendingFrees,
 }
 
@@ -195,7 +201,7 @@ impl Device {
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit.resolve(total),
             legacy_cache: config.legacy_cache,
-            turns: Turns::default(),
+            turns: Padded::default(),
             memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
             pending: PendingFrees::default(),
         })
@@ -206,7 +212,10 @@ impl Device {
         self.shareable.then_some(self.pool)
     }
 
-    /// A block of `size` bytes whose earlier work has passed, without a driver call.
+    /// A block of `size` bytes from the cache, without a driver call: one
+    /// whose earlier work has passed, or one ordered on the legacy stream
+    /// (allocations then go there, and a non-blocking stream made later
+    /// waits for that stream's work first).
     pub fn take_cached(&self, size: u64) -> Option<u64> {
         self.pending.take_cached(size)
     }
@@ -407,13 +416,21 @@ impl Device {
         if self.switch_streams(on_legacy) {
             log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });
         }
-        if only_blocking && self.keeps_legacy_free(size) {
-            // Any operation on the legacy stream waits for the blocking
-            // streams' work before it, and their work after it waits for it:
-            // the mark orders the block's next owner, on any blocking stream,
-            // after its old work, with no driver call at the allocation.
-            // (A non-blocking stream made later waits for the mark too.)
-            driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+        let keep = only_blocking
+            && match self.legacy_cache {
+                LegacyCache::On => true,
+                LegacyCache::Off => false,
+                // Every free with only blocking streams is noted.
+                LegacyCache::Auto => self.turns.0.note(thread_number()),
+            }
+            // Checked, then cached: threads freeing at once may pass it by a block each.
+            && self.held_bytes() + size <= self.pending_free_limit;
+        // Any operation on the legacy stream waits for the blocking streams'
+        // work before it, and their work after it waits for it: the mark
+        // orders the block's next owner, on any blocking stream, after its
+        // old work, with no driver call at the allocation. (A non-blocking
+        // stream made later waits for the mark too.) Unmarked, it is freed.
+        if keep && driver.record(self.legacy_free_mark, Stream::LEGACY).is_ok() {
             self.pending.cache_in_legacy_order(ptr, size);
             return Ok(FreePath::LegacyCached);
         }
@@ -427,17 +444,6 @@ impl Device {
         }
         self.pending.queue(ptr, size);
         Ok(if on_legacy { FreePath::Barrier } else { FreePath::Queued })
-    }
-
-    /// Whether a free of `size` bytes with only blocking streams keeps its
-    /// block in the cache (`SOMA_LEGACY_CACHE`), within the pending-free limit.
-    fn keeps_legacy_free(&self, size: u64) -> bool {
-        let wanted = match self.legacy_cache {
-            LegacyCache::On => true,
-            LegacyCache::Off => false,
-            LegacyCache::Auto => self.turns.note(thread_number()),
-        };
-        wanted && self.held_bytes() + size <= self.pending_free_limit
     }
 
     /// Whether allocations go on the legacy stream, where blocks freed there

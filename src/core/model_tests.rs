@@ -802,6 +802,8 @@ fn a_block_kept_in_the_legacy_streams_order_comes_back_without_a_driver_call_and
         gpu.launch(second, Touch { ptr, generation: gpu.next_generation(ptr) });
         gpu.drain();
         assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
-        assert_eq!(shim.stats.device(0).total(|t| &t.legacy_cached_frees), 1);
+        let device = shim.stats.device(0);
+        assert_eq!(device.total(|t| &t.legacy_cached_frees), 1);
+        assert_eq!(device.peak_held.load(Ordering::Relaxed), MIB, "the kept block counts as freed, not yet reused");
     }
 }

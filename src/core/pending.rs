@@ -1,4 +1,5 @@
-//! One device's frees in join order, from the program's `cudaFree` to reuse.
+//! One device's frees, from the program's `cudaFree` to reuse: queued and
+//! joined in batches, or cached at once in the legacy stream's order.
 //!
 //! A free costs the program's thread no driver call: the block is *queued*.
 //! A *join* (run by the reclaimer thread, or by an allocation that must wait)
@@ -115,7 +116,8 @@ impl PendingFrees {
         lock(&self.queued).push(Block { ptr, size });
     }
 
-    /// A block of exactly `size` bytes whose earlier work the GPU has passed.
+    /// A cached block of exactly `size` bytes: its earlier work has passed,
+    /// or it is reused in the legacy stream's order (`in_legacy_order`).
     pub fn take_cached(&self, size: u64) -> Option<u64> {
         if self.cached_bytes.load(Relaxed) == 0 {
             return None;

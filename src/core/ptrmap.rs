@@ -137,7 +137,7 @@ impl PointerMap {
         self.live_block(start).filter(|block| block.memory.is_host())
     }
 
-    /// A pending block is handed out again (from the cache of passed frees).
+    /// A pending block is handed out again (from the cache).
     /// False if `ptr` was not pending: the map was stale, and now has `block`.
     pub fn reissue(&self, ptr: u64, block: Block) -> bool {
         self.note_host_range(ptr, block);

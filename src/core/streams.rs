@@ -9,6 +9,9 @@ use crate::cuda::gpu::{Context, Event, Stream};
 #[derive(Default)]
 pub struct StreamRegistry {
     contexts: Vec<(Context, ContextStreams)>,
+    /// Contexts forgotten so far (resets): a tail seen before one may be
+    /// gone after it, and its handle reused by a new event.
+    pub forgotten: u64,
 }
 
 #[derive(Default)]
@@ -67,5 +70,6 @@ impl StreamRegistry {
 
     pub fn forget_context(&mut self, context: Context) {
         self.contexts.retain(|(c, _)| *c != context);
+        self.forgotten += 1;
     }
 }

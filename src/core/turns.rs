@@ -9,28 +9,34 @@
 //! that, and the pool loses the block to other sizes, so it happens only
 //! while threads take turns.
 //!
-//! A free by another thread than the last raises a score, a free by the same
-//! thread lowers it by one; threads take turns while the score is high. A
-//! program that hands its work from one thread to another now and then
-//! (PyTorch's forward pass on the main thread, the backward pass on its
-//! autograd thread) stays low; threads freeing in turn reach it within a few
-//! dozen frees, and it falls within a few hundred once one thread is left.
-//! Racy by design: a lost update only shifts the score a little.
+//! A free by another thread than the last raises a score by `SWITCH`, a
+//! free by the same thread lowers it by one: a run of L frees by one thread
+//! changes it by 9 - L, so threads count as taking turns when they free in
+//! runs of 8 or fewer, and the score must then climb from 0 to `ON` (about
+//! 32 such switches more than runs lose). A program that moves from one
+//! thread to another for longer stretches (PyTorch's forward pass on the
+//! main thread, the backward pass on its autograd thread, each dozens of
+//! frees) stays low; once one thread frees alone, the score falls under
+//! `OFF` within a few hundred frees. Racy by design: a lost update only
+//! shifts the score a little.
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 
 /// What a free by another thread than the last adds to the score.
-const SWITCH: u32 = 16;
-/// The score from which threads count as taking turns: 16 switches in a row.
-const TAKING_TURNS: u32 = 16 * SWITCH;
-/// The score's ceiling: this many frees of one thread bring it under the mark.
-const CEILING: u32 = 2 * TAKING_TURNS;
+const SWITCH: u32 = 8;
+/// The score from which threads take turns ...
+const ON: u32 = 256;
+/// ... until it falls under this.
+const OFF: u32 = 128;
+/// The score's ceiling: this many frees of one thread bring it from there under `OFF`.
+const CEILING: u32 = 2 * ON;
 
 #[derive(Default)]
 pub struct Turns {
     /// `locks::thread_number` of the thread that freed last, plus one (0: none yet).
     last: AtomicUsize,
     score: AtomicU32,
+    taking_turns: AtomicBool,
 }
 
 impl Turns {
@@ -49,7 +55,12 @@ impl Turns {
         } else {
             0
         };
-        score >= TAKING_TURNS
+        let was = self.taking_turns.load(Relaxed);
+        let now = if was { score >= OFF } else { score >= ON };
+        if now != was {
+            self.taking_turns.store(now, Relaxed);
+        }
+        now
     }
 }
 
@@ -64,13 +75,23 @@ mod tests {
     }
 
     #[test]
-    fn threads_freeing_in_turn_are_seen_within_a_few_dozen_frees_and_forgotten_once_one_is_left() {
+    fn threads_freeing_in_turn_are_seen_within_a_hundred_frees_and_forgotten_once_one_is_left() {
         let turns = Turns::default();
-        let seen = (0..64).position(|i| turns.note(i % 4)).expect("four threads in turn are seen");
-        assert!(seen < 20, "seen only after {seen} frees");
+        let seen = (0..200).position(|i| turns.note(i % 4)).expect("four threads in turn are seen");
+        assert!(seen < 100, "seen only after {seen} frees");
         assert!((0..64).all(|i| turns.note(i % 3)), "still taking turns");
         let forgotten = (0..1_000).position(|_| !turns.note(0)).expect("one thread left is seen");
-        assert!(forgotten <= (CEILING - TAKING_TURNS + 1) as usize, "forgotten only after {forgotten} frees");
+        assert!(forgotten <= (CEILING - OFF) as usize, "forgotten only after {forgotten} frees");
+    }
+
+    #[test]
+    fn runs_of_up_to_eight_frees_a_thread_take_turns_longer_runs_never() {
+        for run in 1..=8 {
+            let turns = Turns::default();
+            assert!((0..10_000).any(|i| turns.note(i / run % 2)), "runs of {run}");
+        }
+        let turns = Turns::default();
+        assert!((0..100_000).all(|i| !turns.note(i / 9 % 2)), "runs of 9");
     }
 
     #[test]
