@@ -405,10 +405,11 @@ impl Device {
     }
 
     /// Returns the block at `ptr` to the pool once all work issued so far on
-    /// every stream of this device has finished: at once on the legacy
-    /// stream if `after` names no other stream or the order is a barrier,
-    /// else through the queue of pending frees. The device's context must be
-    /// current, and `after` must stay the device's streams until this returns.
+    /// every stream of this device has finished: with only blocking streams,
+    /// on the legacy stream at once, or kept in the cache after a mark there
+    /// (`SOMA_LEGACY_CACHE`); else through the queue of pending frees. The
+    /// device's context must be current, and `after` must stay the device's
+    /// streams until this returns.
     pub fn free(&self, driver: &impl Gpu, ptr: u64, size: u64, after: &Predecessors, map: &PointerMap) -> CuResult<FreePath> {
         // Host memory is never reused in a stream's order (see the module doc).
         let only_blocking = !self.host && after.nonblocking.is_empty() && after.tails.is_empty();
@@ -429,7 +430,7 @@ impl Device {
         // work before it, and their work after it waits for it: the mark
         // orders the block's next owner, on any blocking stream, after its
         // old work, with no driver call at the allocation. (A non-blocking
-        // stream made later waits for the mark too.) Unmarked, it is freed.
+        // stream made later waits for a newer mark.) Unmarked, it is freed.
         if keep && driver.record(self.legacy_free_mark, Stream::LEGACY).is_ok() {
             self.pending.cache_in_legacy_order(ptr, size);
             return Ok(FreePath::LegacyCached);
