@@ -311,11 +311,10 @@ impl Allocator {
     /// and no other thread holds it (else a later free retries), so no
     /// thread waits on these driver calls. One thread at a time
     /// (`retiring_tails`), so no tail it saw is removed and destroyed by
-    /// another meanwhile; only a reset can (the registry counts them).
+    /// another meanwhile; only a reset can (the registry counts them). Called
+    /// by a free that found tails in `context`.
     fn retire_passed_tails(&self, driver: &impl Gpu, context: Context) {
-        if read(&self.streams).streams_of(context).is_none_or(|streams| streams.tails.is_empty())
-            || self.retiring_tails.swap(true, Ordering::Acquire)
-        {
+        if self.retiring_tails.swap(true, Ordering::Acquire) {
             return;
         }
         let _retiring = ClearOnDrop(&self.retiring_tails);
@@ -632,9 +631,13 @@ impl Allocator {
             return;
         };
         let result = driver.with_context_from(current, device.context, || {
-            self.retire_passed_tails(driver, device.context);
             // Held through the free: no stream of the context is made or destroyed meanwhile.
-            let registry = read(&self.streams);
+            let mut registry = read(&self.streams);
+            if registry.streams_of(device.context).is_some_and(|streams| !streams.tails.is_empty()) {
+                drop(registry);
+                self.retire_passed_tails(driver, device.context);
+                registry = read(&self.streams);
+            }
             device.free(driver, ptr, block.size, &registry.predecessors(device.context), &self.map)
         });
         let counters = self.stats.counters(device.ordinal, device.host);
