@@ -128,8 +128,8 @@ def table(path):
         bases = {r.get("round"): of(r) for r in runs[base[name.split("/")[0]]]}
         return [of(r) / bases[r.get("round")] for r in runs[name]
                 if of(r) is not None and bases.get(r.get("round"))]
-    head = ("scenario", "ms", "[min-max]", "x base", "dev MiB", "x base", "torch res MiB", "shim pool", "loss/check")
-    w = (30, 9, 17, 7, 9, 7, 13, 18, 12)
+    head = ("scenario", "ms", "[min-max]", "host ms", "x base", "dev MiB", "x base", "torch res MiB", "shim pool", "loss/check")
+    w = (30, 9, 17, 8, 7, 9, 7, 13, 18, 12)
     print("  ".join(h.ljust(x) if i == 0 else h.rjust(x) for i, (h, x) in enumerate(zip(head, w))))
     errors = []
     for name in names:
@@ -154,13 +154,16 @@ def table(path):
             else:
                 checks.append("FAIL")
         check = next((c for c in checks if c in ("ERROR", "FAIL")), checks[-1])
-        cells = (name, fmt(median(ms), ".2f"), spread, fmt(median(ratios(name, ms_of)), ".2f"),
+        host = median([r.get("host_ms_per_step_median") for r in these if "error" not in r])
+        cells = (name, fmt(median(ms), ".2f"), spread, fmt(host, ".2f"), fmt(median(ratios(name, ms_of)), ".2f"),
                  fmt(median([mem_of(r) for r in these]), ".0f"), fmt(median(ratios(name, mem_of)), ".2f"),
                  fmt(median([r.get("peak_reserved_mib") for r in these]), ".0f"), pool, check)
         print("  ".join(c.ljust(x) if i == 0 else c.rjust(x) for i, (c, x) in enumerate(zip(cells, w))))
     print()
     print("ms: median per training step (transformer, resnet, ddp2: rank 0) or per array chain (cupy),")
     print("  after the warm-up, in each run; the table gives the median over the rounds and [min-max].")
+    print("  host ms (torch): the part of a step until the program's thread had issued it, median; near")
+    print("  ms, the step waits for the host (allocation calls count there), not for the GPU.")
     print("  x base: the median over the rounds of the ratio to the group's first row in the same round")
     print("  (PyTorch's caching allocator, CuPy's pool). dev MiB: peak device memory in use")
     print("  (cudaMemGetInfo total - free, probed during and after every step) minus the value before")

@@ -18,7 +18,9 @@ and "shim": true when LD_PRELOAD names libsomashim.
 
 A step = forward + backward + optimizer step (the inputs are made just before it).
 Time: torch.cuda.synchronize() and time.perf_counter() around each step; the
-median over the steps after the warm-up. Memory, in MiB:
+median over the steps after the warm-up. host_ms_per_step_median: the part of
+it until the program's thread has issued the step (before the closing
+synchronize); close to the step's time, the step waits for the host. Memory, in MiB:
   peak_reserved_mib     torch.cuda.max_memory_reserved(): what PyTorch's own allocator
                         holds; null with caching off, where PyTorch keeps no figures.
   peak_device_used_mib  device memory in use (cudaMemGetInfo total - free), the peak
@@ -202,6 +204,7 @@ def run(args, result):
     peak_used = baseline
     mid = cuda and not args.no_mid_probes
     times_ms = []
+    host_ms = []
     loss_value = None
     total = args.warmup + args.steps
     for step in range(total):
@@ -218,6 +221,7 @@ def run(args, result):
         if mid:
             peak_used = max(peak_used, used_bytes())
         opt.step()
+        issued = time.perf_counter()
         sync()
         dt = (time.perf_counter() - t0) * 1e3
         if cuda:
@@ -228,6 +232,7 @@ def run(args, result):
         warm = step < args.warmup
         if not warm:
             times_ms.append(dt)
+            host_ms.append((issued - t0) * 1e3)
         if step == 0 or (step + 1) % 10 == 0 or step + 1 == total:
             log(f"step {step + 1}/{total}{' (warm-up)' if warm else ''}: {bench.describe(shape)}, "
                 f"{dt:.2f} ms, loss {loss_value:.4f}")
@@ -239,6 +244,7 @@ def run(args, result):
     result["ms_per_step_mean"] = round(statistics.fmean(times_ms), 3)
     result["ms_per_step_min"] = round(min(times_ms), 3)
     result["ms_per_step_max"] = round(max(times_ms), 3)
+    result["host_ms_per_step_median"] = round(statistics.median(host_ms), 3)
     result["final_loss"] = round(loss_value, 6)
     result["loss_finite"] = True
     result["libcudart"] = loaded_cudart()

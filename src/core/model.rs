@@ -122,10 +122,13 @@ struct State {
 /// The simulated GPU: one device, one primary context.
 pub struct SimGpu {
     state: Mutex<State>,
-    /// Another thread's steps, run once right after the next wait the
-    /// legacy stream is made to make: a test's way to land them mid-barrier.
-    pub after_next_legacy_wait: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Another thread's steps, run once right after the next wait the given
+    /// stream is made to make: a test's way to land them mid-barrier.
+    pub after_next_wait: Mutex<Option<(Stream, Steps)>>,
 }
+
+/// Steps of another thread, for `SimGpu::after_next_wait`.
+pub type Steps = Box<dyn FnOnce() + Send>;
 
 const CONTEXT: Context = Context(0x10 as *mut c_void);
 const LEGACY: usize = 1;
@@ -154,7 +157,7 @@ impl SimGpu {
                 violations: Violations::default(),
                 calls: HashMap::new(),
             }),
-            after_next_legacy_wait: Mutex::new(None),
+            after_next_wait: Mutex::new(None),
         }
     }
 
@@ -286,6 +289,11 @@ impl SimGpu {
         let s = self.state();
         let context_questions = ["current_context", "current_device", "context_id"];
         s.calls.iter().filter(|(name, _)| !context_questions.contains(name)).map(|(_, n)| n).sum()
+    }
+
+    /// Times the shim called the driver function `name`.
+    pub fn calls(&self, name: &str) -> u64 {
+        self.state().calls.get(name).copied().unwrap_or(0)
     }
 
     /// Times the shim made the host wait for the GPU.
@@ -542,11 +550,11 @@ impl Gpu for SimGpu {
         let recorded = s.events.get(&(event.0 as usize)).copied().flatten();
         s.issue(key, None, &recorded.into_iter().collect::<Vec<_>>());
         drop(s);
-        if waiter == Stream::LEGACY {
-            let steps = self.after_next_legacy_wait.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(steps) = steps {
-                steps();
-            }
+        let mut hook = self.after_next_wait.lock().unwrap_or_else(|p| p.into_inner());
+        if hook.as_ref().is_some_and(|(stream, _)| *stream == waiter) {
+            let (_, steps) = hook.take().expect("checked");
+            drop(hook);
+            steps();
         }
         Ok(())
     }

@@ -641,10 +641,13 @@ fn a_program_free_joined_into_the_legacy_stream_is_not_reused_there_early() {
 
 /// A `cudaFreeAsync` on the legacy stream by another thread while a barrier
 /// is being issued: the block may be reused there at once, so every
-/// non-blocking stream must wait for the work before it first. (Found by review.)
+/// non-blocking stream must wait for the work before it first. (Found by
+/// review.) Both shapes of barrier: through the join stream (a non-blocking
+/// stream is busy; the free lands once the legacy stream waits) and on the
+/// legacy stream itself (all idle; the free lands between the streams' waits).
 #[test]
 fn a_program_free_during_a_barrier_is_ordered() {
-    for seed in 0..16 {
+    for (seed, busy) in (0..16).flat_map(|seed| [(seed, true), (seed, false)]) {
         let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(seed, CAPACITY)));
         let shim: &'static Allocator = Box::leak(Box::new(allocator(&[("SOMA_PENDING_FREE_LIMIT", "0")])));
         let (x, y) = (gpu.program_stream(true), gpu.program_stream(true));
@@ -652,13 +655,57 @@ fn a_program_free_during_a_barrier_is_ordered() {
         Shim::stream_created(shim, gpu, y);
         let p = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
         let q = Shim::malloc(shim, gpu, MIB).expect("pooled");
+        if busy {
+            gpu.launch(x, Touch { ptr: 0xdead, generation: 1 });
+        }
         Shim::free(shim, gpu, q);
-        *gpu.after_next_legacy_wait.lock().expect("the hook") = Some(Box::new(move || {
-            program_frees_late(shim, gpu, p, Stream::LEGACY);
-        }));
+        let landed = std::sync::Arc::new(AtomicBool::new(false));
+        let landed_in_hook = landed.clone();
+        let mid_barrier = if busy { Stream::LEGACY } else { x };
+        *gpu.after_next_wait.lock().expect("the hook") = Some((
+            mid_barrier,
+            Box::new(move || {
+                program_frees_late(shim, gpu, p, Stream::LEGACY);
+                landed_in_hook.store(true, Ordering::SeqCst);
+            }),
+        ));
         let _ordered = Shim::malloc(shim, gpu, 3 * MIB).expect("pooled"); // orders q behind a barrier
+        assert!(landed.load(Ordering::SeqCst), "seed {seed}, busy {busy}: the free did not land mid-barrier");
         let again = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
         assert!(again != p || !reused_early(gpu, p, y), "seed {seed}: {:?}", gpu.violations());
+    }
+}
+
+/// With every non-blocking stream idle, a barrier is one event recorded on
+/// the legacy stream and a wait for it on each non-blocking stream: the
+/// legacy stream waits for nothing (no round trip through the join stream on
+/// the GPU). A busy stream brings the join stream back.
+#[test]
+fn a_barrier_over_idle_streams_is_one_record_on_the_legacy_stream() {
+    for busy in [false, true] {
+        let gpu = SimGpu::new(3, CAPACITY);
+        let shim = allocator(&[("SOMA_FREE_ORDER", "barrier")]);
+        let streams: Vec<Stream> = (0..8).map(|_| gpu.program_stream(true)).collect();
+        for &stream in &streams {
+            Shim::stream_created(&shim, &gpu, stream);
+        }
+        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        gpu.launch(Stream::LEGACY, Touch { ptr, generation: gpu.next_generation(ptr) });
+        if busy {
+            gpu.launch(streams[0], Touch { ptr: 0xdead, generation: 1 });
+        }
+        Shim::free(&shim, &gpu, ptr);
+        let before = (gpu.calls("record"), gpu.calls("wait_event"));
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled"); // orders the free behind a barrier
+        let made = (gpu.calls("record") - before.0, gpu.calls("wait_event") - before.1);
+        let expected = if busy {
+            (3, 2 + 8 + 1) // the legacy and the busy stream's records, done; the join stream's waits, the streams', the legacy stream's
+        } else {
+            (1, 8)
+        };
+        assert_eq!(made, expected, "busy {busy}: (records, waits) of one barrier");
+        assert_eq!(again, ptr, "busy {busy}: reused at once");
+        assert!(!reused_early(&gpu, ptr, streams[1]), "busy {busy}: {:?}", gpu.violations());
     }
 }
 

@@ -5,7 +5,8 @@
 //! A *join* (run by the reclaimer thread, or by an allocation that must wait)
 //! covers every queued block at once: it makes the device's join stream wait
 //! for the work issued so far on the legacy stream and on every live
-//! non-blocking stream, and records one *done* event there. A join issued
+//! non-blocking stream, and records one *done* event there (or on the legacy
+//! stream itself, when no non-blocking stream has work left). A join issued
 //! later than a free covers more work than the free needs, never less, so a
 //! batch is as safe as a join per free; it only delays reuse, and its cost
 //! does not grow with the frees it covers.
@@ -56,6 +57,14 @@ pub struct Predecessors<'a> {
 struct Block {
     ptr: u64,
     size: u64,
+}
+
+/// A join's done event, and whether it was recorded on the legacy stream
+/// itself (no non-blocking stream was busy and no tail remained) rather
+/// than on the join stream.
+struct Joined {
+    done: Event,
+    on_legacy_stream: bool,
 }
 
 /// Queued blocks taken to be ordered as one batch (`take_queued`).
@@ -174,9 +183,8 @@ impl PendingFrees {
     pub fn join(&self, r: &mut Reclaiming, driver: &impl Gpu, join_stream: Stream, after: &Predecessors, queued: Queued) -> CuResult<()> {
         let Queued(blocks) = queued;
         let bytes = blocks.iter().map(|b| b.size).sum();
-        let joined = self.record_join(r, driver, join_stream, after);
-        match joined {
-            Ok(done) => {
+        match self.record_join(r, driver, join_stream, after) {
+            Ok(Joined { done, .. }) => {
                 lock(&self.joined).push_back(Batch { blocks, bytes, done });
                 Ok(())
             }
@@ -188,23 +196,35 @@ impl PendingFrees {
         }
     }
 
-    fn record_join(&self, r: &mut Reclaiming, driver: &impl Gpu, join_stream: Stream, after: &Predecessors) -> CuResult<Event> {
-        let scratch = take_event(r, driver)?;
-        let done = match take_event(r, driver) {
-            Ok(done) => done,
+    /// Records `done` after the work issued so far on the legacy stream (its
+    /// record also covers the blocking streams' work), on `after`'s busy
+    /// streams and for its tails.
+    fn record_join(&self, r: &mut Reclaiming, driver: &impl Gpu, join_stream: Stream, after: &Predecessors) -> CuResult<Joined> {
+        // A non-blocking stream found idle has finished the work before the
+        // batch's frees: nothing to wait for (one call instead of two).
+        let busy: Vec<Stream> = after.nonblocking.iter().copied().filter(|stream| !driver.is_idle(*stream)).collect();
+        let done = take_event(r, driver)?;
+        if busy.is_empty() && after.tails.is_empty() {
+            // Only the legacy stream's work may still run: an event there
+            // covers it, with no hop through the join stream on the GPU.
+            return match driver.record(done, Stream::LEGACY) {
+                Ok(()) => Ok(Joined { done, on_legacy_stream: true }),
+                Err(e) => {
+                    r.spare_events.push(done);
+                    Err(e)
+                }
+            };
+        }
+        let scratch = match take_event(r, driver) {
+            Ok(scratch) => scratch,
             Err(e) => {
-                r.spare_events.push(scratch);
+                r.spare_events.push(done);
                 return Err(e);
             }
         };
         let recorded = (|| {
-            // A non-blocking stream found idle has finished the work before
-            // the batch's frees: nothing to wait for (one call instead of two).
-            // The legacy stream is always waited for: its record also covers
-            // the blocking streams' work.
-            let busy = after.nonblocking.iter().filter(|stream| !driver.is_idle(**stream));
-            for stream in std::iter::once(&Stream::LEGACY).chain(busy) {
-                driver.record(scratch, *stream)?;
+            for stream in std::iter::once(Stream::LEGACY).chain(busy) {
+                driver.record(scratch, stream)?;
                 driver.wait_event(join_stream, scratch)?;
             }
             for tail in after.tails {
@@ -214,7 +234,7 @@ impl PendingFrees {
         })();
         r.spare_events.push(scratch);
         match recorded {
-            Ok(()) => Ok(done),
+            Ok(()) => Ok(Joined { done, on_legacy_stream: false }),
             Err(e) => {
                 r.spare_events.push(done);
                 Err(e)
@@ -234,7 +254,9 @@ impl PendingFrees {
     /// non-blocking streams last: from then on the pool may hand out there a
     /// block the program freed on one of them (event dependencies), and every
     /// non-blocking stream already waits for that free, so no allocation
-    /// needs to be held off meanwhile. The device's context must be current,
+    /// needs to be held off meanwhile. With no busy non-blocking stream and
+    /// no tail, the event is recorded on the legacy stream itself, and only
+    /// `after`'s streams wait for it. The device's context must be current,
     /// no stream may be capturing, and `after` must stay the device's streams
     /// until this returns.
     pub fn order_behind_barrier(
@@ -246,13 +268,11 @@ impl PendingFrees {
         queued: Queued,
     ) -> CuResult<()> {
         let Queued(blocks) = queued;
-        let ordered = self.record_join(r, driver, join_stream, after).and_then(|joined| {
-            let waited = after
-                .nonblocking
-                .iter()
-                .chain(std::iter::once(&Stream::LEGACY))
-                .try_for_each(|stream| driver.wait_event(*stream, joined));
-            r.spare_events.push(joined); // a wait binds to the record it saw
+        let ordered = self.record_join(r, driver, join_stream, after).and_then(|Joined { done, on_legacy_stream }| {
+            // Recorded on the legacy stream, it is behind `done` already.
+            let legacy = (!on_legacy_stream).then_some(&Stream::LEGACY);
+            let waited = after.nonblocking.iter().chain(legacy).try_for_each(|stream| driver.wait_event(*stream, done));
+            r.spare_events.push(done); // a wait binds to the record it saw
             waited
         });
         if let Err(e) = ordered {
