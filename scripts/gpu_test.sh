@@ -182,6 +182,10 @@ capture_modes@legacy_cache|capture_modes||SOMA_LEGACY_CACHE=on|1|-
 streams_destroyed@legacy_cache|streams_destroyed||SOMA_LEGACY_CACHE=on|1|-
 reset@legacy_cache|reset||SOMA_LEGACY_CACHE=on|1|-
 ipc@legacy_cache|ipc||SOMA_LEGACY_CACHE=on|1|-
+ipc@one_pool|ipc||SOMA_SMALL_BLOCKS=0|1|-
+ipc_lifetime@one_pool|ipc_lifetime||SOMA_SMALL_BLOCKS=0|1|-
+reset@one_pool|reset||SOMA_SMALL_BLOCKS=0|1|-
+memory_limit@one_pool|memory_limit||SOMA_MEMORY_LIMIT=4GiB SOMA_SMALL_BLOCKS=0|1|-
 EOF
 )
 # The same programs built with the static runtime (all of them) and as

@@ -440,12 +440,12 @@ impl Allocator {
         }
     }
 
-    /// The pool of device `ordinal`, its context and that context's unique
-    /// id (a new one after a reset), if the pool can be shared with other
-    /// processes.
-    pub fn shareable_pool(&self, ordinal: i32) -> Option<(Pool, Context, u64)> {
+    /// The pool of device `ordinal` that serves blocks of `size` bytes, its
+    /// context and that context's unique id (a new one after a reset), if the
+    /// pool can be shared with other processes.
+    pub fn shareable_pool(&self, ordinal: i32, size: u64) -> Option<(Pool, Context, u64)> {
         let device = self.known_device(ordinal)?;
-        device.shareable_pool().map(|pool| (pool, device.context, device.context_id))
+        device.shareable_pool(size).map(|pool| (pool, device.context, device.context_id))
     }
 
     /// The context of the device whose pool holds the live block `ptr`.

@@ -97,6 +97,8 @@ pub struct Config {
     pub free_order: FreeOrder,
     pub pending_free_limit: Bytes,
     pub legacy_cache: LegacyCache,
+    /// Requests of at most this many bytes come from the small-block pool (0: none).
+    pub small_blocks: u64,
     /// Device memory the pool may hold per device (`Exact(u64::MAX)`: no cap).
     pub memory_limit: Bytes,
     pub stats: StatsOutput,
@@ -291,6 +293,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store!(legacy_cache, LegacyCache),
     },
     Variable {
+        name: "SOMA_SMALL_BLOCKS",
+        kind: Kind::Size { allow_total: false },
+        default: "4MiB",
+        doc: "Requests of at most this size come from a second pool of the shim's own, and their freed blocks wait in the host cache for reuse within a budget of their own (SOMA_PENDING_FREE_LIMIT again); 0: one pool for every size.",
+        store: store_bytes!(small_blocks),
+    },
+    Variable {
         name: "SOMA_MEMORY_LIMIT",
         kind: Kind::Share,
         default: "max",
@@ -434,6 +443,7 @@ impl Config {
             free_order: FreeOrder::Join,
             pending_free_limit: Bytes::Exact(0),
             legacy_cache: LegacyCache::Auto,
+            small_blocks: 0,
             memory_limit: Bytes::Exact(0),
             stats: StatsOutput::Off,
             trace: None,

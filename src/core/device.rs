@@ -74,7 +74,12 @@ pub struct Device {
     pub context_id: u64,
     pool: Pool,
     owns_pool: bool,
-    /// The pool was made shareable with other processes (CUDA IPC).
+    /// Blocks of at most `SOMA_SMALL_BLOCKS` bytes come from a pool of their
+    /// own (the shim's): those the cache holds would otherwise keep `pool`
+    /// from reusing the memory around them (measured, docs/BENCHMARKS.md,
+    /// fifth session).
+    small_pool: Option<Pool>,
+    /// The pools were made shareable with other processes (CUDA IPC).
     shareable: bool,
     /// Allocations, and returns of blocks whose work is done; nothing else.
     pool_stream: Stream,
@@ -172,13 +177,28 @@ impl Device {
             PoolChoice::Default => (driver.default_pool(ordinal)?, false, false),
         };
         let total = driver.total_memory(ordinal)?;
-        driver.set_release_threshold(pool, config.release_threshold.resolve(total))?;
-        driver.set_reuse_policies(
-            pool,
-            config.reuse_follow_event_deps,
-            config.reuse_opportunistic,
-            config.reuse_internal_deps,
-        )?;
+        let configure = |pool: Pool| -> CuResult<Pool> {
+            driver.set_release_threshold(pool, config.release_threshold.resolve(total))?;
+            driver.set_reuse_policies(pool, config.reuse_follow_event_deps, config.reuse_opportunistic, config.reuse_internal_deps)?;
+            Ok(pool)
+        };
+        configure(pool)?;
+        let small_pool = if owns_pool && !host && config.small_blocks > 0 {
+            let made = if shareable { driver.create_shareable_pool(ordinal) } else { driver.create_pool(ordinal) };
+            match made.and_then(|small| {
+                configure(small).inspect_err(|_| {
+                    let _ = driver.destroy_pool(small);
+                })
+            }) {
+                Ok(small) => Some(small),
+                Err(e) => {
+                    log::info!("device {ordinal}: no pool for small blocks ({e:?}): one pool serves every size");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(Device {
             ordinal,
             host,
@@ -186,6 +206,7 @@ impl Device {
             context_id: driver.context_id(context)?,
             pool,
             owns_pool,
+            small_pool,
             shareable,
             pool_stream: driver.create_nonblocking_stream()?,
             join_stream: driver.create_nonblocking_stream()?,
@@ -203,13 +224,25 @@ impl Device {
             legacy_cache: config.legacy_cache,
             turns: Padded::default(),
             memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
-            pending: PendingFrees::default(),
+            pending: PendingFrees::new(if small_pool.is_some() { config.small_blocks } else { 0 }),
         })
     }
 
-    /// The pool, if other processes may import it (CUDA IPC).
-    pub fn shareable_pool(&self) -> Option<Pool> {
-        self.shareable.then_some(self.pool)
+    /// The pool that serves blocks of `size` bytes.
+    fn pool_for(&self, size: u64) -> Pool {
+        match self.small_pool {
+            Some(small) if self.pending.is_small(size) => small,
+            _ => self.pool,
+        }
+    }
+
+    fn pools(&self) -> impl Iterator<Item = Pool> {
+        std::iter::once(self.pool).chain(self.small_pool)
+    }
+
+    /// The pool of a block of `size` bytes, if other processes may import it (CUDA IPC).
+    pub fn shareable_pool(&self, size: u64) -> Option<Pool> {
+        self.shareable.then(|| self.pool_for(size))
     }
 
     /// A block of `size` bytes from the cache, without a driver call: one
@@ -223,14 +256,14 @@ impl Device {
     /// Whether the blocks freed and not yet handed out again (pending or
     /// cached) exceed the limit: then batches are freed behind barriers.
     fn over_pending_limit(&self) -> bool {
-        self.held_bytes() > self.pending_free_limit
+        self.pending.bounded_bytes() > self.pending_free_limit
     }
 
     /// Whether they exceed both the limit and what the program holds
     /// (`in_use`): then the pool grows no further before this thread
     /// reclaims them.
     pub fn over_pending_bound(&self, in_use: u64) -> bool {
-        self.held_bytes() > self.pending_free_limit.max(in_use)
+        self.pending.bounded_bytes() > self.pending_free_limit.max(in_use)
     }
 
     /// Bytes freed and not yet handed out again (pending or cached).
@@ -253,7 +286,7 @@ impl Device {
             log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
             self.trim(driver, legacy_allowed)?;
         }
-        let ptr = driver.alloc_from_pool(size, self.pool, stream).map_err(|e| {
+        let ptr = driver.alloc_from_pool(size, self.pool_for(size), stream).map_err(|e| {
             if e.is_out_of_memory() {
                 AllocFailure::OutOfMemory
             } else {
@@ -292,7 +325,7 @@ impl Device {
             driver.synchronize_stream(Stream::LEGACY).map_err(AllocFailure::Driver)?;
         }
         driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
-        driver.trim(self.pool).map_err(AllocFailure::Driver)
+        self.pools().try_for_each(|pool| driver.trim(pool)).map_err(AllocFailure::Driver)
     }
 
     /// Joins queued frees and returns those the GPU has passed, waiting on
@@ -425,7 +458,7 @@ impl Device {
                 LegacyCache::Auto => self.turns.0.note(thread_number()),
             }
             // Checked, then cached: threads freeing at once may pass it by a block each.
-            && self.held_bytes() + size <= self.pending_free_limit;
+            && self.pending.has_room(size, self.pending_free_limit);
         // Any operation on the legacy stream waits for the blocking streams'
         // work before it, and their work after it waits for it: the mark
         // orders the block's next owner, on any blocking stream, after its
@@ -546,30 +579,39 @@ impl Device {
         after.nonblocking.iter().try_for_each(|stream| driver.wait_event(*stream, self.legacy_free_mark))
     }
 
-    /// Bytes the pool holds now, used or not.
+    /// Bytes the pools hold now, used or not.
     pub fn reserved(&self, driver: &impl Gpu) -> u64 {
-        driver.pool_bytes(self.pool, PoolCounter::ReservedNow).unwrap_or(0)
+        self.pools().map(|pool| driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0)).sum()
     }
 
-    /// The pool's high-water marks, if it can still be asked.
+    /// The pools' high-water marks, if they can still be asked; with two
+    /// pools, the sum of each one's (at least the peak of both together).
     pub fn peaks(&self, driver: &impl Gpu) -> Option<PoolPeaks> {
-        Some(PoolPeaks {
-            used_high: driver.pool_bytes(self.pool, PoolCounter::UsedHigh).ok()?,
-            reserved_high: driver.pool_bytes(self.pool, PoolCounter::ReservedHigh).ok()?,
+        self.pools().try_fold(PoolPeaks { used_high: 0, reserved_high: 0 }, |sum, pool| {
+            Some(PoolPeaks {
+                used_high: sum.used_high + driver.pool_bytes(pool, PoolCounter::UsedHigh).ok()?,
+                reserved_high: sum.reserved_high + driver.pool_bytes(pool, PoolCounter::ReservedHigh).ok()?,
+            })
         })
     }
 
-    /// Bytes the pool holds that the program does not: unused in the pool,
+    /// Bytes the pools hold that the program does not: unused in a pool,
     /// freed by the program and not yet passed, or cached.
     pub fn idle_bytes(&self, driver: &impl Gpu) -> u64 {
-        let reserved = driver.pool_bytes(self.pool, PoolCounter::ReservedNow).unwrap_or(0);
-        let used = driver.pool_bytes(self.pool, PoolCounter::UsedNow).unwrap_or(reserved);
-        reserved.saturating_sub(used) + self.pending.held_bytes()
+        let unused: u64 = self
+            .pools()
+            .map(|pool| {
+                let reserved = driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0);
+                let used = driver.pool_bytes(pool, PoolCounter::UsedNow).unwrap_or(reserved);
+                reserved.saturating_sub(used)
+            })
+            .sum();
+        unused + self.pending.held_bytes()
     }
 
-    /// Lets device `accessor` reach every block of this pool, or stops it.
+    /// Lets device `accessor` reach every block of the pools, or stops it.
     pub fn set_peer_access(&self, driver: &impl Gpu, accessor: i32, allowed: bool) -> CuResult<()> {
-        driver.set_peer_access(self.pool, accessor, allowed)
+        self.pools().try_for_each(|pool| driver.set_peer_access(pool, accessor, allowed))
     }
 
     /// Before a reset: every block still allocated (`live`, never freed, and
@@ -588,8 +630,16 @@ impl Device {
         }
         let _ = driver.destroy_stream(self.pool_stream);
         let _ = driver.destroy_stream(self.join_stream);
+        self.destroy_own_pools(driver);
+    }
+
+    /// Destroys the pools the shim made (not the device's default pool,
+    /// which is reset with the device).
+    fn destroy_own_pools(&self, driver: &impl Gpu) {
         if self.owns_pool {
-            let _ = driver.destroy_pool(self.pool);
+            for pool in self.pools() {
+                let _ = driver.destroy_pool(pool);
+            }
         }
     }
 
@@ -605,6 +655,6 @@ impl Device {
         for ptr in live.iter().chain(&held) {
             let _ = driver.free_now(*ptr);
         }
-        let _ = driver.destroy_pool(self.pool);
+        self.destroy_own_pools(driver);
     }
 }

@@ -274,6 +274,11 @@ impl SimGpu {
         *generation
     }
 
+    /// The pool (its handle) that handed out the live block `ptr`.
+    pub fn pool_of(&self, ptr: u64) -> Option<usize> {
+        self.state().allocated.get(&ptr).map(|&(pool, _)| pool)
+    }
+
     /// Whether `ptr` is a live block of a pool (handed out, not yet freed to it).
     pub fn is_allocated(&self, ptr: u64) -> bool {
         self.state().allocated.contains_key(&ptr)

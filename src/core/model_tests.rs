@@ -91,7 +91,10 @@ impl Shim for Allocator {
     }
 
     fn pending_bound(&self, in_use: u64) -> u64 {
-        self.config.pending_free_limit.resolve(CAPACITY).max(in_use)
+        let limit = self.config.pending_free_limit.resolve(CAPACITY);
+        // Small blocks in the cache have a budget of their own, as large again.
+        let small_budget = if self.config.small_blocks > 0 { limit } else { 0 };
+        limit.max(in_use) + small_budget
     }
 }
 
@@ -778,6 +781,45 @@ fn frees_cost_no_driver_call_and_passed_blocks_come_back_without_one() {
         assert!(gpu.violations().is_empty(), "{:?}", gpu.violations());
     }
     assert_eq!(calls_per_free, [0, 0, 0], "driver calls in a free with 1, 8 and 256 streams");
+}
+
+/// Blocks of at most `SOMA_SMALL_BLOCKS` bytes come from a pool of their
+/// own, and in the cache they have a budget of their own: past the
+/// pending-free limit, small blocks freed before a large one are still
+/// there for the next allocations of their size, with no driver call.
+#[test]
+fn small_blocks_have_a_pool_and_a_cache_budget_of_their_own() {
+    for small_blocks in ["1MiB", "0"] {
+        let gpu = SimGpu::new(7, CAPACITY);
+        let shim = allocator(&[("SOMA_SMALL_BLOCKS", small_blocks), ("SOMA_PENDING_FREE_LIMIT", "2MiB")]);
+        let stream = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, stream);
+        let small: Vec<u64> = (0..2).map(|_| Shim::malloc(&shim, &gpu, MIB).expect("pooled")).collect();
+        let large = Shim::malloc(&shim, &gpu, 4 * MIB).expect("pooled");
+        let own_pool = small_blocks != "0";
+        assert_eq!(gpu.pool_of(small[0]) != gpu.pool_of(large), own_pool, "{small_blocks}: pools");
+        for &ptr in small.iter().chain([&large]) {
+            gpu.launch(stream, Touch { ptr, generation: gpu.next_generation(ptr) });
+            Shim::free(&shim, &gpu, ptr);
+        }
+        gpu.drain();
+        // Reclaims (the frees are ordered, then cached, and what is over a budget goes back to the pool).
+        let other = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
+        gpu.drain();
+        let other2 = Shim::malloc(&shim, &gpu, 5 * MIB).expect("pooled");
+        let before = (gpu.work_calls(), shim.stats.device(0).total(|t| &t.cache_hits));
+        let again: Vec<u64> = (0..2).map(|_| Shim::malloc(&shim, &gpu, MIB).expect("pooled")).collect();
+        let from_cache = shim.stats.device(0).total(|t| &t.cache_hits) - before.1;
+        if own_pool {
+            assert_eq!((from_cache, gpu.work_calls()), (2, before.0), "small blocks: both from the cache, no driver call");
+        } else {
+            assert_eq!(from_cache, 0, "one budget: the oldest, the small blocks, went back to the pool first");
+        }
+        for ptr in again.into_iter().chain([other, other2]) {
+            assert!(!reused_early(&gpu, ptr, stream), "{small_blocks}: {:?}", gpu.violations());
+            Shim::free(&shim, &gpu, ptr);
+        }
+    }
 }
 
 /// Past the pending limit the program's thread never waits on the host for

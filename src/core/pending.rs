@@ -89,13 +89,17 @@ struct Cached {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Keep {
     /// Those cached lately, the newest first, while the blocks held
-    /// (pending and cached) stay within `within` bytes.
+    /// (pending and cached, small blocks in the cache aside) stay within
+    /// `within` bytes, and the small blocks in the cache within as much again.
     Young { within: u64 },
     None,
 }
 
 #[derive(Default)]
 pub struct PendingFrees {
+    /// Blocks of at most this many bytes are small: they come from a pool of
+    /// their own, and in the cache they have a budget of their own (0: none).
+    small_blocks: u64,
     queued: Mutex<Vec<Block>>,
     /// In the order of their done events on the join stream.
     joined: Mutex<VecDeque<Batch>>,
@@ -105,6 +109,8 @@ pub struct PendingFrees {
     /// Queued and joined bytes: freed, not yet known to be passed.
     pending_bytes: AtomicU64,
     cached_bytes: AtomicU64,
+    /// The small blocks' share of `cached_bytes`.
+    small_cached_bytes: AtomicU64,
 }
 
 /// What only the thread holding `reclaiming` touches.
@@ -118,6 +124,16 @@ pub struct Reclaiming {
 }
 
 impl PendingFrees {
+    /// Frees of a device whose blocks of at most `small_blocks` bytes are small.
+    pub fn new(small_blocks: u64) -> PendingFrees {
+        PendingFrees { small_blocks, ..PendingFrees::default() }
+    }
+
+    /// Whether a block of `size` bytes is small (see `small_blocks`).
+    pub fn is_small(&self, size: u64) -> bool {
+        size <= self.small_blocks
+    }
+
     /// The program freed `ptr`: no driver call.
     pub fn queue(&self, ptr: u64, size: u64) {
         // Counted before the reclaimer can see it: the count never falls below the queue.
@@ -132,7 +148,7 @@ impl PendingFrees {
             return None;
         }
         let ptr = lock(&self.cache).get_mut(&size)?.pop()?.ptr;
-        self.cached_bytes.fetch_sub(size, Relaxed);
+        self.uncount_cached(size);
         Some(ptr)
     }
 
@@ -147,6 +163,19 @@ impl PendingFrees {
     /// Bytes freed and not yet handed out again (pending or cached).
     pub fn held_bytes(&self) -> u64 {
         self.pending_bytes() + self.cached_bytes()
+    }
+
+    /// Whether a block of `size` bytes may join the cache within `limit`:
+    /// a small one within the small blocks' budget, another within the rest.
+    pub fn has_room(&self, size: u64, limit: u64) -> bool {
+        let held = if self.is_small(size) { self.small_cached_bytes.load(Relaxed) } else { self.bounded_bytes() };
+        held + size <= limit
+    }
+
+    /// The part of `held_bytes` that counts toward `SOMA_PENDING_FREE_LIMIT`:
+    /// all but the small blocks in the cache, which have a budget of their own.
+    pub fn bounded_bytes(&self) -> u64 {
+        self.held_bytes().saturating_sub(self.small_cached_bytes.load(Relaxed))
     }
 
     /// Whether anything waits to be joined or to pass.
@@ -340,6 +369,9 @@ impl PendingFrees {
         // Counted before a block can be taken: the count never falls below the cache.
         self.cached_bytes.fetch_add(bytes, Relaxed);
         for block in blocks {
+            if self.is_small(block.size) {
+                self.small_cached_bytes.fetch_add(block.size, Relaxed);
+            }
             cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since, in_legacy_order });
         }
     }
@@ -355,30 +387,41 @@ impl PendingFrees {
         let mut released = Vec::new();
         {
             let mut cache = lock(&self.cache);
-            // Blocks cached before this go.
+            // Blocks cached before these go, by budget: (other blocks, small blocks).
             let release_before = match keep {
                 Keep::Young { within } => {
-                    let excess = self.held_bytes().saturating_sub(within);
-                    Instant::now().checked_sub(CACHE_AGE).max(oldest_to_release(&cache, excess))
+                    let aged = Instant::now().checked_sub(CACHE_AGE);
+                    let small = self.small_cached_bytes.load(Relaxed);
+                    let over = |bytes: u64, small_ones: bool| {
+                        aged.max(oldest_to_release(&cache, bytes.saturating_sub(within), |size| self.is_small(size) == small_ones))
+                    };
+                    (over(self.bounded_bytes(), false), over(small, true))
                 }
-                Keep::None => Some(after_all_cached()),
+                Keep::None => (Some(after_all_cached()), Some(after_all_cached())),
             };
-            if let Some(cutoff) = release_before {
-                for (&size, blocks) in cache.iter_mut() {
-                    // Oldest first: blocks are pushed in time order and popped from the back.
-                    let keep_from = blocks.iter().position(|b| b.since >= cutoff).unwrap_or(blocks.len());
-                    released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.in_legacy_order)));
-                }
-                cache.retain(|_, blocks| !blocks.is_empty());
+            for (&size, blocks) in cache.iter_mut() {
+                let cutoff = if self.is_small(size) { release_before.1 } else { release_before.0 };
+                let Some(cutoff) = cutoff else { continue };
+                // Oldest first: blocks are pushed in time order and popped from the back.
+                let keep_from = blocks.iter().position(|b| b.since >= cutoff).unwrap_or(blocks.len());
+                released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.in_legacy_order)));
             }
+            cache.retain(|_, blocks| !blocks.is_empty());
         }
         for (ptr, size, in_legacy_order) in released {
             map.returned(ptr);
             to_pool(ptr, in_legacy_order);
             // Counted as held until the pool has it: an allocation that saw
             // less would grow the pool while the block is on its way back.
-            self.cached_bytes.fetch_sub(size, Relaxed);
+            self.uncount_cached(size);
         }
+    }
+
+    fn uncount_cached(&self, size: u64) {
+        if self.is_small(size) {
+            self.small_cached_bytes.fetch_sub(size, Relaxed);
+        }
+        self.cached_bytes.fetch_sub(size, Relaxed);
     }
 
     /// The device is being reset: no join or return touches it again.
@@ -396,18 +439,22 @@ impl PendingFrees {
         ptrs.extend(lock(&self.cache).drain().flat_map(|(_, blocks)| blocks.into_iter().map(|b| b.ptr)));
         self.pending_bytes.store(0, Relaxed);
         self.cached_bytes.store(0, Relaxed);
+        self.small_cached_bytes.store(0, Relaxed);
         (ptrs, events)
     }
 }
 
-/// The time before which the oldest cached blocks, `excess` bytes or just
-/// more, were cached; None if nothing need go.
-fn oldest_to_release(cache: &HashMap<u64, Vec<Cached>>, excess: u64) -> Option<Instant> {
+/// The time before which the oldest cached blocks of the sizes `counted`
+/// picks, `excess` bytes or just more, were cached; None if nothing need go.
+fn oldest_to_release(cache: &HashMap<u64, Vec<Cached>>, excess: u64, counted: impl Fn(u64) -> bool) -> Option<Instant> {
     if excess == 0 {
         return None;
     }
-    let mut ages: Vec<(Instant, u64)> =
-        cache.iter().flat_map(|(&size, blocks)| blocks.iter().map(move |b| (b.since, size))).collect();
+    let mut ages: Vec<(Instant, u64)> = cache
+        .iter()
+        .filter(|(&size, _)| counted(size))
+        .flat_map(|(&size, blocks)| blocks.iter().map(move |b| (b.since, size)))
+        .collect();
     ages.sort_unstable();
     let mut released = 0;
     for (since, size) in ages {

@@ -83,9 +83,9 @@ fn export(allocator: &'static Allocator, ptr: u64) -> Option<IpcHandle> {
         None => driver.allocation_base(ptr).ok()?,
     };
     // Pinned host memory from the host pool is not exportable (nor is the real allocator's).
-    let device = allocator.live_block(base).filter(|block| !block.memory.is_host())?.device;
+    let block = allocator.live_block(base).filter(|block| !block.memory.is_host())?;
     // A pool other processes cannot import: the real call answers.
-    allocator.shareable_pool(device)?;
+    allocator.shareable_pool(block.device, block.size)?;
     let endpoint = server_endpoint(allocator)?;
     let (secret, _) = allocator.export(driver, base, random_secret)?;
     Some(IpcHandle { pid: std::process::id(), endpoint, base, secret })
@@ -230,7 +230,7 @@ static SERVER_STEP: Mutex<()> = Mutex::new(());
 /// It holds no lock of the shim's across its driver calls.
 fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32, endpoint: u64) {
     let mut leases: Vec<Lease> = Vec::new();
-    let mut pool_fds: HashMap<i32, ExportedPool> = HashMap::new();
+    let mut pool_fds: HashMap<Pool, ExportedPool> = HashMap::new();
     loop {
         let mut polled: Vec<libc::pollfd> = [wake.as_raw_fd(), listener.as_raw_fd()]
             .into_iter()
@@ -289,7 +289,7 @@ fn connection_closed(connection: &mut UnixStream) -> bool {
 const REPLY_LEN: usize = 4 + 64;
 
 /// Answers one request; the lease if one was granted.
-fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint: u64, pool_fds: &mut HashMap<i32, ExportedPool>) -> Option<Lease> {
+fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint: u64, pool_fds: &mut HashMap<Pool, ExportedPool>) -> Option<Lease> {
     // SAFETY: geteuid has no preconditions.
     if peer_uid(&connection) != Some(unsafe { libc::geteuid() }) {
         return None; // another user's process: not even an answer
@@ -303,7 +303,7 @@ fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint:
         .filter(|handle| handle.pid == pid && handle.endpoint == endpoint)
         .and_then(|handle| {
             let block = allocator.lease(handle.base, &handle.secret)?;
-            match export_block(allocator, handle.base, block.device, pool_fds) {
+            match export_block(allocator, handle.base, block.device, block.size, pool_fds) {
                 Some(granted) => Some((handle.base, handle.secret, granted)),
                 None => {
                     allocator.lease_ended(handle.base, &handle.secret);
@@ -324,28 +324,37 @@ fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint:
     Some(Lease { connection, base, secret })
 }
 
-/// A device's pool as the server exported it: the descriptor serves only
-/// while the device's context is the one it was exported in (a reset
-/// destroys the pool, and a new one may have the same handle value).
+/// A pool as the server exported it: the descriptor serves only while the
+/// device's context is the one it was exported in (a reset destroys the
+/// pool, and a new one may have the same handle value).
 struct ExportedPool {
+    device: i32,
     context_id: u64,
     fd: OwnedFd,
 }
 
 /// The pool's descriptor (exported once per pool, before any of its blocks)
 /// and the block's export data.
-fn export_block(allocator: &Allocator, base: u64, device: i32, pool_fds: &mut HashMap<i32, ExportedPool>) -> Option<(RawFd, PointerExport)> {
+fn export_block(
+    allocator: &Allocator,
+    base: u64,
+    device: i32,
+    size: u64,
+    pool_fds: &mut HashMap<Pool, ExportedPool>,
+) -> Option<(RawFd, PointerExport)> {
     let driver = driver::loaded()?;
-    let (pool, context, context_id) = allocator.shareable_pool(device)?;
+    let (pool, context, context_id) = allocator.shareable_pool(device, size)?;
     let exported = driver.with_context(context, || -> Result<_, crate::cuda::gpu::CuError> {
         // The pool first: the driver exports blocks only of a pool already
         // shared (measured: the block's export refuses with invalid value before).
-        let fd = match pool_fds.get(&device).filter(|exported| exported.context_id == context_id) {
+        let fd = match pool_fds.get(&pool).filter(|exported| exported.context_id == context_id) {
             Some(exported) => exported.fd.as_raw_fd(),
             None => {
                 let fd = driver.export_pool(pool)?;
                 let raw = fd.as_raw_fd();
-                pool_fds.insert(device, ExportedPool { context_id, fd }); // a stale one closes
+                // The device's pools of an earlier context are gone: their descriptors close.
+                pool_fds.retain(|_, exported| exported.device != device || exported.context_id == context_id);
+                pool_fds.insert(pool, ExportedPool { device, context_id, fd });
                 raw
             }
         };
