@@ -256,6 +256,21 @@ int main(int argc, char **argv) {
   printf("freed once the importer exited without closing it: %s\n", freed_then ? "yes" : "no");
   CHECK(freed_then);
 
+  /* A block too large for the small blocks' pool (SOMA_SMALL_BLOCKS, 4 MiB):
+   * exported from the main pool, whose descriptor the server sends beside the
+   * small pool's it sent for the blocks above. */
+  void *large = NULL;
+  CHECK_CUDA(cudaMalloc(&large, 8 * MiB));
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, large));
+  to_hex(&h, hex);
+  struct holder large_leaver = hold_open("leaver", hex);
+  CHECK_CUDA(cudaFree(large)); /* held: the leaver has it open */
+  CHECK(fakecuda_ptr_info(large, &info) == 1);
+  printf("large block: leaver exit status %d\n", let_go(large_leaver));
+  freed_then = freed_once_released(large);
+  printf("large block freed once the importer exited: %s\n", freed_then ? "yes" : "no");
+  CHECK(freed_then);
+
   /* A block held for an importer when the device is reset: it went with the
    * pool; the lease's end later must free nothing of the new pool's. */
   void *before_reset = NULL;
