@@ -459,7 +459,7 @@ freed once the importer closed it: yes
 leaver exit status 0
 freed once the importer exited without closing it: yes
 large block: leaver exit status 0
-large block freed once the importer exited: yes
+large block: freed once the importer exited without closing it: yes
 leaver across a reset exit status 0
 a block of the new pool intact when the lease ends: yes
 open the handle of a freed block: 1

@@ -192,6 +192,26 @@ static int freed_once_released(void *p) {
   return 0;
 }
 
+/* A block of `size` bytes exported, opened by a child that exits without
+ * closing it, and freed meanwhile: held until the child is gone, then freed.
+ * `label` starts each line printed. */
+static void leave_open_after_free(size_t size, const char *label) {
+  void *block = NULL;
+  cudaIpcMemHandle_t h;
+  char hex[257];
+  struct fakecuda_ptr_info info;
+  CHECK_CUDA(cudaMalloc(&block, size));
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, block));
+  to_hex(&h, hex);
+  struct holder leaver = hold_open("leaver", hex);
+  CHECK_CUDA(cudaFree(block)); /* held: the leaver has it open */
+  CHECK(fakecuda_ptr_info(block, &info) == 1);
+  printf("%sleaver exit status %d\n", label, let_go(leaver));
+  int freed = freed_once_released(block);
+  printf("%sfreed once the importer exited without closing it: %s\n", label, freed ? "yes" : "no");
+  CHECK(freed);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "importer") == 0) return importer(argv[2]);
   if (argc == 3 && strcmp(argv[1], "opener") == 0) return opener(argv[2]);
@@ -244,32 +264,11 @@ int main(int argc, char **argv) {
   printf("freed once the importer closed it: %s\n", freed_then ? "yes" : "no");
   CHECK(freed_then);
 
-  void *left = NULL;
-  CHECK_CUDA(cudaMalloc(&left, MiB));
-  CHECK_CUDA(cudaIpcGetMemHandle(&h, left));
-  to_hex(&h, hex);
-  struct holder leaver = hold_open("leaver", hex);
-  CHECK_CUDA(cudaFree(left)); /* held: the leaver has it open */
-  CHECK(fakecuda_ptr_info(left, &info) == 1);
-  printf("leaver exit status %d\n", let_go(leaver));
-  freed_then = freed_once_released(left);
-  printf("freed once the importer exited without closing it: %s\n", freed_then ? "yes" : "no");
-  CHECK(freed_then);
-
+  leave_open_after_free(MiB, "");
   /* A block too large for the small blocks' pool (SOMA_SMALL_BLOCKS, 4 MiB):
    * exported from the main pool, whose descriptor the server sends beside the
    * small pool's it sent for the blocks above. */
-  void *large = NULL;
-  CHECK_CUDA(cudaMalloc(&large, 8 * MiB));
-  CHECK_CUDA(cudaIpcGetMemHandle(&h, large));
-  to_hex(&h, hex);
-  struct holder large_leaver = hold_open("leaver", hex);
-  CHECK_CUDA(cudaFree(large)); /* held: the leaver has it open */
-  CHECK(fakecuda_ptr_info(large, &info) == 1);
-  printf("large block: leaver exit status %d\n", let_go(large_leaver));
-  freed_then = freed_once_released(large);
-  printf("large block freed once the importer exited: %s\n", freed_then ? "yes" : "no");
-  CHECK(freed_then);
+  leave_open_after_free(8 * MiB, "large block: ");
 
   /* A block held for an importer when the device is reset: it went with the
    * pool; the lease's end later must free nothing of the new pool's. */
