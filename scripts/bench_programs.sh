@@ -20,7 +20,10 @@
 # group's baseline in that round), PYTHON (python3), BENCH_STEPS (30) and BENCH_WARMUP (5) for the torch
 # and DDP runs, BENCH_RESNET_STEPS, BENCH_DDP_STEPS (default BENCH_STEPS),
 # BENCH_CUPY_CHAINS (40), BENCH_TIMEOUT (90: seconds per scenario, then it is killed
-# and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy').
+# and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy'),
+# BENCH_SHIM_VARIANTS (';'-separated groups of SOMA_* settings: each runs every shim
+# scenario once more with them, named SCENARIO[SETTINGS], in the same rounds; e.g.
+# 'SOMA_LEGACY_CACHE=0' measures the shim without its legacy-order cache).
 # SOMA_* variables in the environment reach the shim runs; shim runs also get
 # SOMA_STATS=<file> (DDP: SOMA_STATS=1, each rank's table in the log), and the table shows the pool's figures from it
 # when the shim writes them. LD_PRELOAD and PyTorch's allocator variables are
@@ -43,6 +46,8 @@ CUPY_CHAINS=${BENCH_CUPY_CHAINS:-40}
 T=${BENCH_TIMEOUT:-90}
 REPS=${BENCH_REPS:-3}
 ONLY=${BENCH_ONLY:-}
+VARIANTS=()
+[ -n "${BENCH_SHIM_VARIANTS:-}" ] && IFS=';' read -r -a VARIANTS <<<"$BENCH_SHIM_VARIANTS"
 WORK=build/programs
 DEST=${OUT:-$WORK}
 mkdir -p "$WORK" "$DEST" || exit 2
@@ -129,7 +134,7 @@ def table(path):
         return [of(r) / bases[r.get("round")] for r in runs[name]
                 if of(r) is not None and bases.get(r.get("round"))]
     head = ("scenario", "ms", "[min-max]", "host ms", "x base", "dev MiB", "x base", "torch res MiB", "shim pool", "loss/check")
-    w = (30, 9, 17, 8, 7, 9, 7, 13, 18, 12)
+    w = (max([30] + [len(n) for n in names]), 9, 17, 8, 7, 9, 7, 13, 18, 12)
     print("  ".join(h.ljust(x) if i == 0 else h.rjust(x) for i, (h, x) in enumerate(zip(head, w))))
     errors = []
     for name in names:
@@ -211,6 +216,7 @@ if REV=$(git rev-parse --short HEAD 2>/dev/null); then
   say "source: $REV"
 fi
 say "steps: torch $STEPS (resnet $RESNET_STEPS, ddp $DDP_STEPS) after $WARMUP warm-up; cupy $CUPY_CHAINS chains; limit ${T}s each; $REPS rounds"
+for v in "${VARIANTS[@]}"; do say "shim variant: [$v]"; done
 env | grep '^SOMA_' | sed 's/^/setting: /' | tee -a "$LOG"
 
 FAILED=0
@@ -228,11 +234,15 @@ scenario() {
   fi
   N=$((N + 1))
   local f
-  f=$WORK/$(echo "$name" | tr '/+' '__').$ROUND
+  f=$WORK/$(echo "$name" | tr '/+ ' '___').$ROUND
   rm -f "$f.out" "$f.err" "$f.stats"
-  local shimmed=0
+  local shimmed=0 stats=0
   local e
-  for e in "${envs[@]}"; do [[ $e == LD_PRELOAD=* ]] && shimmed=1; done
+  for e in "${envs[@]}"; do
+    [[ $e == LD_PRELOAD=* ]] && shimmed=1
+    [[ $e == SOMA_STATS=* ]] && stats=1
+  done
+  [ "$shimmed" = 1 ] && [ "$stats" = 0 ] && envs+=("SOMA_STATS=$PWD/$f.stats")
   echo "== [$N] $name (round $ROUND of $REPS): ${envs[*]} $*"
   local start=$SECONDS rc
   if [ "$shimmed" = 1 ] && [ -z "$SHIM" ]; then
@@ -265,6 +275,19 @@ scenario() {
   fi
 }
 
+# shim_scenario NAME [VAR=VALUE...] -- COMMAND...: NAME under the shim, then once
+# with each of BENCH_SHIM_VARIANTS' settings (NAME[SETTINGS]).
+shim_scenario() {
+  local name=$1 variant
+  shift
+  scenario "$name" LD_PRELOAD="$SHIM" "$@"
+  for variant in "${VARIANTS[@]}"; do
+    local -a settings
+    read -r -a settings <<<"$variant"
+    scenario "$name[$variant]" LD_PRELOAD="$SHIM" "${settings[@]}" "$@"
+  done
+}
+
 # One round: every scenario once.
 one_round() {
   for model in transformer resnet; do
@@ -273,8 +296,8 @@ one_round() {
     args=("$PY" scripts/bench_torch.py --model "$model" --steps "$steps" --warmup "$WARMUP")
     scenario "$model/caching" -- "${args[@]}" --label "$model/caching"
     scenario "$model/caching-off" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${args[@]}" --label "$model/caching-off"
-    scenario "$model/caching-off+shim" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" \
-      SOMA_STATS="$PWD/$WORK/${model}_caching-off_shim.$ROUND.stats" -- "${args[@]}" --label "$model/caching-off+shim"
+    shim_scenario "$model/caching-off+shim" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${args[@]}" \
+      --label "$model/caching-off+shim"
     scenario "$model/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${args[@]}" \
       --label "$model/cudaMallocAsync"
   done
@@ -282,8 +305,7 @@ one_round() {
   CUPY=("$PY" scripts/bench_cupy.py --chains "$CUPY_CHAINS" --warmup 5)
   scenario cupy/pool -- "${CUPY[@]}" --mode pool --label cupy/pool
   scenario cupy/nopool -- "${CUPY[@]}" --mode nopool --label cupy/nopool
-  scenario cupy/nopool+shim LD_PRELOAD="$SHIM" SOMA_STATS="$PWD/$WORK/cupy_nopool_shim.$ROUND.stats" -- \
-    "${CUPY[@]}" --mode nopool --label cupy/nopool+shim
+  shim_scenario cupy/nopool+shim -- "${CUPY[@]}" --mode nopool --label cupy/nopool+shim
 
   if [ "$NGPU" -ge 2 ]; then
     DDP=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2 scripts/bench_ddp.py
@@ -291,7 +313,7 @@ one_round() {
     scenario ddp2/caching -- "${DDP[@]}" --label ddp2/caching
     scenario ddp2/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${DDP[@]}" --label ddp2/caching-off
     # SOMA_STATS=1: each rank's table goes to stderr, into the log (one file would be overwritten).
-    scenario ddp2/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$SHIM" SOMA_STATS=1 -- "${DDP[@]}" \
+    shim_scenario ddp2/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 SOMA_STATS=1 -- "${DDP[@]}" \
       --label ddp2/caching-off+shim
   fi
 }

@@ -21,4 +21,3 @@ pub mod reclaimer;
 pub mod stats;
 pub mod streams;
 pub mod trace;
-pub mod turns;
