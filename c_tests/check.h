@@ -6,7 +6,6 @@
 #define SOMASHIM_CHECK_H
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 static int check_failures = 0;
 
@@ -33,20 +32,6 @@ static int check_failures = 0;
  * shim run are compared on it. */
 #define SHOW_RC(label, call)                                                 \
   printf("%s rc=%d\n", label, (int)(call))
-
-/* How long a test waits for the shim's thread to do something: generous (the
- * cache gives a block back after 1 s unused; the thread looks every 50 ms). A
- * test that passes waits only as long as the shim takes. */
-#define SETTLE_MS 5000
-
-/* Polls `cond` every millisecond until it holds or SETTLE_MS have passed;
- * its last value (checked by the caller). */
-#define EVENTUALLY(cond)                                                   \
-  ({                                                                       \
-    int ok_ = 0;                                                           \
-    for (int ms_ = 0; !(ok_ = !!(cond)) && ms_ < SETTLE_MS; ms_++) usleep(1000); \
-    ok_;                                                                   \
-  })
 
 static inline int report(void) {
   printf("# %s\n", check_failures ? "FAILED" : "OK");

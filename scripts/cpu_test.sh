@@ -304,8 +304,8 @@ compare "free after destroying a stream with pending work, SOMA_FREE_ORDER=barri
   SOMA_FREE_ORDER=barrier
 compare "only blocking streams: the legacy stream orders frees" legacy_stream
 compare "only blocking streams, SOMA_POOL=default" legacy_stream SOMA_POOL=default
-compare "only blocking streams, SOMA_LEGACY_CACHE=off" legacy_stream SOMA_LEGACY_CACHE=off
-compare "threads SOMA_LEGACY_CACHE=off" threads SOMA_LEGACY_CACHE=off
+compare "only blocking streams, SOMA_LEGACY_CACHE=on" legacy_stream SOMA_LEGACY_CACHE=on
+compare "threads SOMA_LEGACY_CACHE=on" threads SOMA_LEGACY_CACHE=on
 compare "SOMA_PENDING_FREE_LIMIT=4MiB, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_FREE_ORDER=join \
   SOMA_PENDING_FREE_LIMIT=4MiB
 compare "SOMA_PENDING_FREE_LIMIT=0, lazy GPU" pending_limit FAKECUDA_LAZY_GPU=1 SOMA_FREE_ORDER=join \

@@ -173,15 +173,15 @@ race@streams256_past_limit|race|--streams 256|SOMA_PENDING_FREE_LIMIT=0|1|-
 race@threads16_past_limit|race|--threads 16|SOMA_PENDING_FREE_LIMIT=0|1|-
 race@threads16_past_limit#static|race.static|--threads 16|SOMA_PENDING_FREE_LIMIT=0|1|-
 race@threads16_past_limit#driver|race.driver|--threads 16|SOMA_PENDING_FREE_LIMIT=0|1|-
-legacy_race@no_legacy_cache|legacy_race||SOMA_LEGACY_CACHE=off|1|=
-legacy_race@no_legacy_cache#static|legacy_race.static||SOMA_LEGACY_CACHE=off|1|-
-legacy_race@no_legacy_cache#driver|legacy_race.driver||SOMA_LEGACY_CACHE=off|1|-
-threads@no_legacy_cache|threads|--legacy-only|SOMA_LEGACY_CACHE=off|1|-
-mixed@no_legacy_cache|mixed||SOMA_LEGACY_CACHE=off|1|-
-capture_modes@no_legacy_cache|capture_modes||SOMA_LEGACY_CACHE=off|1|-
-streams_destroyed@no_legacy_cache|streams_destroyed||SOMA_LEGACY_CACHE=off|1|-
-reset@no_legacy_cache|reset||SOMA_LEGACY_CACHE=off|1|-
-ipc@no_legacy_cache|ipc||SOMA_LEGACY_CACHE=off|1|-
+legacy_race@legacy_cache|legacy_race||SOMA_LEGACY_CACHE=on|1|=
+legacy_race@legacy_cache#static|legacy_race.static||SOMA_LEGACY_CACHE=on|1|-
+legacy_race@legacy_cache#driver|legacy_race.driver||SOMA_LEGACY_CACHE=on|1|-
+threads@legacy_cache|threads|--legacy-only|SOMA_LEGACY_CACHE=on|1|-
+mixed@legacy_cache|mixed||SOMA_LEGACY_CACHE=on|1|-
+capture_modes@legacy_cache|capture_modes||SOMA_LEGACY_CACHE=on|1|-
+streams_destroyed@legacy_cache|streams_destroyed||SOMA_LEGACY_CACHE=on|1|-
+reset@legacy_cache|reset||SOMA_LEGACY_CACHE=on|1|-
+ipc@legacy_cache|ipc||SOMA_LEGACY_CACHE=on|1|-
 ipc@one_pool|ipc||SOMA_SMALL_BLOCKS=0|1|-
 ipc_lifetime@one_pool|ipc_lifetime||SOMA_SMALL_BLOCKS=0|1|-
 reset@one_pool|reset||SOMA_SMALL_BLOCKS=0|1|-

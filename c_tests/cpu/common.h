@@ -112,6 +112,20 @@ static inline void nudge(void) {
   if (cudaMalloc(&t, size) == cudaSuccess) cudaFree(t);
 }
 
+/* How long a test waits for the shim's thread to do something: generous (the
+ * cache gives a block back after 1 s unused; the thread looks every 50 ms). A
+ * test that passes waits only as long as the shim takes. */
+#define SETTLE_MS 5000
+
+/* Polls `cond` every millisecond until it holds or SETTLE_MS have passed;
+ * its last value (checked by the caller). */
+#define EVENTUALLY(cond)                                                   \
+  ({                                                                       \
+    int ok_ = 0;                                                           \
+    for (int ms_ = 0; !(ok_ = !!(cond)) && ms_ < SETTLE_MS; ms_++) usleep(1000); \
+    ok_;                                                                   \
+  })
+
 /* Every allocation of `kind` (pool, plain) made since the snapshot b has
  * been freed at the driver, once the shim had time to give back what it
  * keeps (the program must have freed all it allocated since b). */

@@ -6,14 +6,13 @@
  * stream made afterwards is not: it must not run alongside the work that
  * used the memory before (the double counts that as unordered_uses). Once
  * the non-blocking stream is gone and its work done, frees go back to the
- * legacy stream. By default the shim keeps each such block instead and hands
- * it to the next cudaMalloc of its size after a mark on the legacy stream
- * (SOMA_LEGACY_CACHE=off: the block goes back to the pool there at once):
- * allocations go through malloc_seen, so the double checks the new owner's
- * work against the old owner's all the same. */
+ * legacy stream. With SOMA_LEGACY_CACHE=on the shim keeps each such block
+ * instead (after a mark on the legacy stream) and hands it to the next
+ * cudaMalloc of its size: allocations go through malloc_seen, so the double
+ * checks the new owner's work against the old owner's all the same. */
 #include "common.h"
 
-static int kept; /* under the shim, unless SOMA_LEGACY_CACHE=off */
+static int kept; /* under the shim with SOMA_LEGACY_CACHE=on */
 
 /* Frees p, which work on the legacy stream still uses, and checks how.
  * `alone`: no non-blocking stream was ever made, so the shim has no thread
@@ -47,7 +46,7 @@ static void check_clean(struct fakecuda_counters b, const char *label) {
 int main(void) {
   printf("# mode %s\n", under_shim() ? "shim" : "native");
   int pooled = expect_pool(MiB);
-  kept = pooled && !env_is("SOMA_LEGACY_CACHE", "off");
+  kept = pooled && env_is("SOMA_LEGACY_CACHE", "on");
   CHECK_CUDA(cudaFree(NULL));
   cudaStream_t blocking;
   CHECK_CUDA(cudaStreamCreate(&blocking));

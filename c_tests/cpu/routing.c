@@ -1,7 +1,5 @@
 /* Behaviour 1, routing: under the shim, cudaMalloc is served by the pool
- * (cuMemAllocFromPoolAsync) and cudaFree of it goes to cuMemFreeAsync (by
- * default after a while in the shim's cache, which makes the free itself no
- * driver call: SOMA_LEGACY_CACHE);
+ * (cuMemAllocFromPoolAsync) and cudaFree of it goes to cuMemFreeAsync;
  * natively, with SOMA_DISABLE=1, outside SOMA_MIN_BYTES..SOMA_MAX_BYTES, the
  * plain allocator serves it. Size 0 and a NULL out-pointer reach the real
  * function, with its return codes and last error. The memory is usable. */
@@ -9,7 +7,6 @@
 
 static void one(size_t size) {
   int pool = expect_pool(size);
-  int kept = pool && !env_is("SOMA_LEGACY_CACHE", "off");
   struct fakecuda_counters b = snap();
   void *p = NULL;
   cudaError_t rc = cudaMalloc(&p, size);
@@ -45,13 +42,9 @@ static void one(size_t size) {
   CHECK_EQ(DELTA(b, m, plain_frees), pool ? 0 : 1);
   CHECK_EQ(DELTA(b, m, mem_free_calls), pool ? 0 : 1);
   if (!pool) CHECK_EQ(ptr_kind(p), FAKECUDA_NONE);
-  if (kept) { /* no driver call: the block waits in the cache */
-    CHECK_EQ(ptr_kind(p), FAKECUDA_POOL);
-    CHECK_EQ(DELTA(b, m, free_async_calls), 0);
-  }
-  nudge(); /* a pool block reaches cuMemFreeAsync by the next shim call, or kept, once the cache ages it */
-  CHECK(EVENTUALLY(ptr_kind(p) == FAKECUDA_NONE));
+  nudge(); /* a pool block reaches cuMemFreeAsync by the next shim call */
   m = snap();
+  CHECK_EQ(ptr_kind(p), FAKECUDA_NONE);
   if (pool) {
     CHECK(DELTA(b, m, pool_frees) >= 1);
     CHECK(DELTA(b, m, free_async_calls) >= 1);
@@ -66,7 +59,6 @@ static void one(size_t size) {
 int main(void) {
   int shim = under_shim();
   printf("# mode %s\n", shim ? "shim" : "native");
-  struct fakecuda_counters start = snap();
 
   /* cudaFree(NULL) succeeds and creates the context */
   CUcontext ctx = NULL;
@@ -99,8 +91,7 @@ int main(void) {
   m = snap();
   CHECK_EQ(DELTA(b, m, pool_allocs) + DELTA(b, m, plain_allocs), 0);
 
-  /* many pairs: the counts stay balanced (counted once every block kept so far is back) */
-  CHECK_BALANCED(start, pool);
+  /* many pairs: the counts stay balanced */
   b = snap();
   for (int i = 0; i < 200; i++) {
     void *p = NULL;

@@ -162,7 +162,7 @@ OPTS=(
   "--min-bytes|SOMA_MIN_BYTES|1K"
   "--max-bytes|SOMA_MAX_BYTES|512MiB"
   "--pending-free-limit|SOMA_PENDING_FREE_LIMIT|64MiB"
-  "--legacy-cache|SOMA_LEGACY_CACHE|0"
+  "--legacy-cache|SOMA_LEGACY_CACHE|on"
   "--small-blocks|SOMA_SMALL_BLOCKS|1MiB"
   "--memory-limit|SOMA_MEMORY_LIMIT|50%"
   "--host-pool|SOMA_HOST_POOL|0"

@@ -31,6 +31,16 @@ pub enum FreeOrder {
     Join,
 }
 
+/// When a `cudaFree` with only blocking streams keeps its block on the host
+/// for the next `cudaMalloc` of its size (see `turns`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LegacyCache {
+    /// While several threads take turns freeing.
+    Auto,
+    On,
+    Off,
+}
+
 /// Where `SOMA_STATS` sends the table printed at exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StatsOutput {
@@ -86,9 +96,7 @@ pub struct Config {
     pub host_pool: bool,
     pub free_order: FreeOrder,
     pub pending_free_limit: Bytes,
-    /// A `cudaFree` with only blocking streams keeps its block for the next
-    /// `cudaMalloc` of its size.
-    pub legacy_cache: bool,
+    pub legacy_cache: LegacyCache,
     /// Requests of at most this many bytes come from the small-block pool (0: none).
     pub small_blocks: u64,
     /// Device memory the pool may hold per device (`Exact(u64::MAX)`: no cap).
@@ -111,6 +119,7 @@ enum Kind {
     Share,
     Pool,
     FreeOrder,
+    LegacyCache,
     Stats,
     Path,
     MemInfo,
@@ -134,6 +143,7 @@ impl Kind {
             }
             Kind::Pool => "own or default",
             Kind::FreeOrder => "barrier or join",
+            Kind::LegacyCache => "auto, on or off",
             Kind::Stats => "0 or 1 (also true/false, yes/no, on/off; 1: to stderr), or a file path, which must contain a / (such as ./stats.txt)",
             Kind::Path => "a file path, or empty for none",
             Kind::MemInfo => "real or pool",
@@ -152,6 +162,7 @@ enum Value {
     Size(Bytes),
     Pool(PoolChoice),
     FreeOrder(FreeOrder),
+    LegacyCache(LegacyCache),
     Stats(StatsOutput),
     Path(Option<String>),
     MemInfo(MemInfo),
@@ -276,10 +287,10 @@ pub static VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "SOMA_LEGACY_CACHE",
-        kind: Kind::Flag,
-        default: "1",
-        doc: "With only blocking streams, whether cudaFree keeps its block (within SOMA_PENDING_FREE_LIMIT) for the next cudaMalloc of its size, which takes it after one mark on the legacy stream for all the frees before it.",
-        store: store!(legacy_cache, Flag),
+        kind: Kind::LegacyCache,
+        default: "auto",
+        doc: "With only blocking streams, whether cudaFree keeps its block (within SOMA_PENDING_FREE_LIMIT) for the next cudaMalloc of its size, which then makes no driver call; auto: while several threads take turns freeing.",
+        store: store!(legacy_cache, LegacyCache),
     },
     Variable {
         name: "SOMA_SMALL_BLOCKS",
@@ -431,7 +442,7 @@ impl Config {
             host_pool: true,
             free_order: FreeOrder::Join,
             pending_free_limit: Bytes::Exact(0),
-            legacy_cache: true,
+            legacy_cache: LegacyCache::Auto,
             small_blocks: 0,
             memory_limit: Bytes::Exact(0),
             stats: StatsOutput::Off,
@@ -522,6 +533,12 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
         Kind::FreeOrder => match text.to_ascii_lowercase().as_str() {
             "barrier" => Some(Value::FreeOrder(FreeOrder::Barrier)),
             "join" => Some(Value::FreeOrder(FreeOrder::Join)),
+            _ => None,
+        },
+        Kind::LegacyCache => match text.to_ascii_lowercase().as_str() {
+            "auto" => Some(Value::LegacyCache(LegacyCache::Auto)),
+            "on" => Some(Value::LegacyCache(LegacyCache::On)),
+            "off" => Some(Value::LegacyCache(LegacyCache::Off)),
             _ => None,
         },
         // A path is told from a flag by its `/`, so that a mistyped flag
@@ -631,7 +648,7 @@ mod tests {
         assert!(!c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Join);
         assert_eq!(c.pending_free_limit, Bytes::Exact(64 << 20));
-        assert!(c.legacy_cache);
+        assert_eq!(c.legacy_cache, LegacyCache::Auto);
         assert_eq!(c.memory_limit, Bytes::Exact(u64::MAX));
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
@@ -776,7 +793,7 @@ mod tests {
         assert!(c.free_sync);
         assert_eq!(c.free_order, FreeOrder::Barrier);
         assert_eq!(c.pending_free_limit, Bytes::Exact(1 << 20));
-        assert!(!c.legacy_cache);
+        assert_eq!(c.legacy_cache, LegacyCache::Off);
         assert_eq!(c.memory_limit, Bytes::DeviceShare(2500));
         assert_eq!(c.stats, StatsOutput::Stderr);
         assert_eq!(c.trace.as_deref(), Some("/tmp/t.csv"));

@@ -11,11 +11,12 @@
 //! The one stream that would not be ordered is a non-blocking stream made
 //! later: before one is, the host waits for the legacy stream's work (the
 //! real `cudaFree` had waited for the part of it issued before each free).
-//! With `SOMA_LEGACY_CACHE` (the default), a free instead caches the block
-//! with no driver call, and the next allocation of its size takes it after a
-//! mark on the legacy stream recorded since the free, which orders the new
-//! owner, on any blocking stream, after the old owner's work, as the free
-//! there did; one mark serves every free before it.
+//! With `SOMA_LEGACY_CACHE` (by default while several threads take turns
+//! freeing, `turns`), a free instead caches the block with no driver call,
+//! and the next allocation of its size takes it after a mark on the legacy
+//! stream recorded since the free, which orders the new owner, on any
+//! blocking stream, after the old owner's work, as the free there did; one
+//! mark serves every free before it.
 //!
 //! *Non-blocking streams too*, `SOMA_FREE_ORDER=barrier`: a free only queues
 //! the block; the reclaimer frees each batch on the legacy stream behind
@@ -55,11 +56,13 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
-use super::config::{Config, FreeOrder, PoolChoice};
+use super::config::{Config, FreeOrder, LegacyCache, PoolChoice};
+use super::locks::{thread_number, Padded};
 use super::pending::{Keep, Order, PendingFrees, Predecessors, Reclaiming, Taken};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
 use super::stats::{DeviceCounters, PoolPeaks};
+use super::turns::Turns;
 use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, CONTEXT_IS_DESTROYED};
 
 pub struct Device {
@@ -107,8 +110,11 @@ pub struct Device {
     order: FreeOrder,
     internal_deps: bool,
     pending_free_limit: u64,
-    /// `SOMA_LEGACY_CACHE`: a free with only blocking streams keeps its block.
-    legacy_cache: bool,
+    /// `SOMA_LEGACY_CACHE`: when a free with only blocking streams keeps its block.
+    legacy_cache: LegacyCache,
+    /// Which threads free, for `LegacyCache::Auto` (written while they take
+    /// turns: a line of its own).
+    turns: Padded<Turns>,
     /// `SOMA_MEMORY_LIMIT`: the most the pool may reserve, if limited.
     memory_limit: Option<u64>,
     /// Frees queued, joined or cached, and the blocks they become.
@@ -252,6 +258,7 @@ impl Device {
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit.resolve(total),
             legacy_cache: config.legacy_cache,
+            turns: Padded::default(),
             memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
             pending: PendingFrees::new(if small_pool.is_some() { config.small_blocks } else { 0 }),
         })
@@ -495,8 +502,15 @@ impl Device {
         if self.switch_streams(on_legacy) {
             log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });
         }
-        // Checked, then cached: threads freeing at once may pass the room by a block each.
-        let keep = only_blocking && self.legacy_cache && self.pending.has_room(size, self.pending_free_limit);
+        let keep = only_blocking
+            && match self.legacy_cache {
+                LegacyCache::On => true,
+                LegacyCache::Off => false,
+                // Every free with only blocking streams is noted.
+                LegacyCache::Auto => self.turns.0.note(thread_number()),
+            }
+            // Checked, then cached: threads freeing at once may pass it by a block each.
+            && self.pending.has_room(size, self.pending_free_limit);
         // Any operation on the legacy stream waits for the blocking streams'
         // work before it, and their work after it waits for it: a mark there
         // recorded after this free, before the block's next owner has it,

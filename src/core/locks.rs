@@ -52,7 +52,7 @@ pub fn shard() -> usize {
 
 /// A number of this thread's own, in the order threads first ask: no two
 /// threads of the process share one.
-fn thread_number() -> usize {
+pub fn thread_number() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static NUMBER: usize = NEXT.fetch_add(1, Relaxed);

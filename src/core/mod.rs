@@ -21,3 +21,4 @@ pub mod reclaimer;
 pub mod stats;
 pub mod streams;
 pub mod trace;
+pub mod turns;
