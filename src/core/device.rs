@@ -289,12 +289,16 @@ impl Device {
     /// next owner after its old work: this records one if none was since
     /// (one serves every free before it). `legacy_allowed`: no capture is in
     /// progress, nor can one begin before this returns; without it, a block
-    /// that needs a mark stays cached.
+    /// that needs a mark stays cached. So it does while a non-blocking stream
+    /// may have waited on the GPU for an older mark only (a capture, or a
+    /// failed record, when it was made): a mark now would not order that
+    /// stream after the block's old work.
     pub fn take_cached(&self, driver: &impl Gpu, size: u64, legacy_allowed: bool) -> Option<u64> {
         let Taken { ptr, order } = self.pending.take_cached(size)?;
         match order {
             Order::LegacyMark(freed_at) if !self.legacy_mark.covers(freed_at) => {
-                if legacy_allowed && self.legacy_mark.record(driver).is_ok() {
+                let may_mark = legacy_allowed && !self.mark_waited_on_gpu_only.load(Relaxed);
+                if may_mark && self.legacy_mark.record(driver).is_ok() {
                     return Some(ptr);
                 }
                 // Unmarked, it waits for a later allocation (or the pool, on the legacy stream).
