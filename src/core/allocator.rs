@@ -225,13 +225,13 @@ impl Allocator {
     /// and when the pool is out of memory it waits for every free, then
     /// trims the pool, before it gives up.
     fn serve(&self, driver: &impl Gpu, device: &Device, size: u64) -> Result<Served, AllocFailure> {
-        // Held through the allocation: no capture may begin while it may use
-        // the legacy stream (a mark, an allocation there) or join streams.
-        let captures = read(&self.captures);
-        let quiet = captures.is_empty();
-        if let Some(ptr) = device.take_cached(driver, size, quiet) {
+        if let Some(ptr) = device.take_cached(size) {
             return Ok(Served::Cached(ptr));
         }
+        // Held through the allocation: no capture may begin while it may use
+        // the legacy stream or join streams.
+        let captures = read(&self.captures);
+        let quiet = captures.is_empty();
         let counters = self.stats.counters(device.ordinal, device.host);
         let in_use = counters.in_use.load(Ordering::Relaxed);
         let wait = if !quiet {
@@ -250,7 +250,7 @@ impl Allocator {
         };
         if let Some(wait) = wait {
             self.reclaim(driver, device, wait);
-            if let Some(ptr) = device.take_cached(driver, size, quiet) {
+            if let Some(ptr) = device.take_cached(size) {
                 return Ok(Served::Cached(ptr));
             }
         }

@@ -12,11 +12,10 @@
 //! later: before one is, the host waits for the legacy stream's work (the
 //! real `cudaFree` had waited for the part of it issued before each free).
 //! With `SOMA_LEGACY_CACHE` (by default while several threads take turns
-//! freeing, `turns`), a free instead caches the block with no driver call,
-//! and the next allocation of its size takes it after a mark on the legacy
-//! stream recorded since the free, which orders the new owner, on any
-//! blocking stream, after the old owner's work, as the free there did; one
-//! mark serves every free before it.
+//! freeing, `turns`), a free instead records a mark on the legacy stream and
+//! caches the block, and the next allocation of its size takes it with no
+//! driver call: the mark orders the new owner, on any blocking stream, after
+//! the old owner's work, as the free there did.
 //!
 //! *Non-blocking streams too*, `SOMA_FREE_ORDER=barrier`: a free only queues
 //! the block; the reclaimer frees each batch on the legacy stream behind
@@ -52,13 +51,13 @@
 //! pinned host memory, waits on the host for the oldest), and when the pool
 //! is out of memory it waits for every free and gives the cache back.
 
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use super::config::{Config, FreeOrder, LegacyCache, PoolChoice};
 use super::locks::{thread_number, Padded};
-use super::pending::{Keep, Order, PendingFrees, Predecessors, Reclaiming, Taken};
+use super::pending::{Keep, PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
 use super::stats::{DeviceCounters, PoolPeaks};
@@ -96,9 +95,8 @@ pub struct Device {
     /// non-blocking stream made now must wait for that stream's work first.
     reusing_barrier_frees: AtomicBool,
     /// Recorded on the legacy stream where a non-blocking stream must wait
-    /// for the work before frees made there (see `leave_legacy_stream`), and
-    /// before a kept block is handed out again (`take_cached`).
-    legacy_mark: LegacyMark,
+    /// for the work before frees made there (see `leave_legacy_stream`).
+    legacy_free_mark: Event,
     /// A stream made during a capture waited for the mark on the GPU only:
     /// the legacy-stream work it covers may still run, so every stream made
     /// later waits for it too, until the host has waited for it.
@@ -119,40 +117,6 @@ pub struct Device {
     memory_limit: Option<u64>,
     /// Frees queued, joined or cached, and the blocks they become.
     pending: PendingFrees,
-}
-
-/// The device's mark on the legacy stream, with its records counted: a
-/// block freed when `begun` was n is ordered after its old work by any
-/// record numbered above n, once that record has returned (`done`).
-struct LegacyMark {
-    event: Event,
-    /// Records begun; each is numbered by this count once it began.
-    begun: AtomicU64,
-    /// The highest number of a record that has returned successfully.
-    done: AtomicU64,
-}
-
-impl LegacyMark {
-    /// Records the mark after the work issued so far on the legacy stream
-    /// (and so on every blocking stream).
-    fn record(&self, driver: &impl Gpu) -> CuResult<()> {
-        // SeqCst: a free that read the count before this increment came
-        // before this record, on every thread's view.
-        let number = self.begun.fetch_add(1, SeqCst) + 1;
-        driver.record(self.event, Stream::LEGACY)?;
-        self.done.fetch_max(number, SeqCst);
-        Ok(())
-    }
-
-    /// The number a free made now is kept under.
-    fn begun(&self) -> u64 {
-        self.begun.load(SeqCst)
-    }
-
-    /// Whether a record begun after a free kept under `freed_at` has returned.
-    fn covers(&self, freed_at: u64) -> bool {
-        self.done.load(SeqCst) > freed_at
-    }
 }
 
 /// Why an allocation did not come from the pool.
@@ -187,8 +151,8 @@ pub enum Wait {
 pub enum FreePath {
     /// Freed on the legacy stream (only blocking streams).
     Legacy,
-    /// Kept in the cache, for reuse after a mark on the legacy stream (only
-    /// blocking streams, `SOMA_LEGACY_CACHE`).
+    /// Kept in the cache after a mark on the legacy stream (only blocking
+    /// streams, `SOMA_LEGACY_CACHE`).
     LegacyCached,
     /// Queued for the reclaimer, to be freed behind a barrier.
     Barrier,
@@ -249,7 +213,7 @@ impl Device {
             // Until a free has seen the streams, allocations stay off the legacy stream.
             on_legacy_stream: AtomicBool::new(false),
             reusing_barrier_frees: AtomicBool::new(false),
-            legacy_mark: LegacyMark { event: driver.create_event()?, begun: AtomicU64::new(0), done: AtomicU64::new(0) },
+            legacy_free_mark: driver.create_event()?,
             mark_waited_on_gpu_only: AtomicBool::new(false),
             mark_waiters: AtomicUsize::new(0),
             // The CPU writes a host block at once: only the host's own
@@ -281,32 +245,12 @@ impl Device {
         self.shareable.then(|| self.pool_for(size))
     }
 
-    /// A block of `size` bytes from the cache: one whose earlier work has
-    /// passed, or one ordered behind a barrier (allocations then go on the
-    /// legacy stream, and a non-blocking stream made later waits for that
-    /// stream's work first), with no driver call; or one kept in the legacy
-    /// stream's order, once a mark there recorded since its free orders its
-    /// next owner after its old work: this records one if none was since
-    /// (one serves every free before it). `legacy_allowed`: no capture is in
-    /// progress, nor can one begin before this returns; without it, a block
-    /// that needs a mark stays cached. So it does while a non-blocking stream
-    /// may have waited on the GPU for an older mark only (a capture, or a
-    /// failed record, when it was made): a mark now would not order that
-    /// stream after the block's old work.
-    pub fn take_cached(&self, driver: &impl Gpu, size: u64, legacy_allowed: bool) -> Option<u64> {
-        let Taken { ptr, order } = self.pending.take_cached(size)?;
-        match order {
-            Order::LegacyMark(freed_at) if !self.legacy_mark.covers(freed_at) => {
-                let may_mark = legacy_allowed && !self.mark_waited_on_gpu_only.load(Relaxed);
-                if may_mark && self.legacy_mark.record(driver).is_ok() {
-                    return Some(ptr);
-                }
-                // Unmarked, it waits for a later allocation (or the pool, on the legacy stream).
-                self.pending.keep_in_legacy_order(ptr, size, freed_at);
-                None
-            }
-            _ => Some(ptr),
-        }
+    /// A block of `size` bytes from the cache, without a driver call: one
+    /// whose earlier work has passed, or one ordered on the legacy stream
+    /// (allocations then go there, and a non-blocking stream made later
+    /// waits for that stream's work first).
+    pub fn take_cached(&self, size: u64) -> Option<u64> {
+        self.pending.take_cached(size)
     }
 
     /// Whether the blocks freed and not yet handed out again (pending or
@@ -516,14 +460,12 @@ impl Device {
             // Checked, then cached: threads freeing at once may pass it by a block each.
             && self.pending.has_room(size, self.pending_free_limit);
         // Any operation on the legacy stream waits for the blocking streams'
-        // work before it, and their work after it waits for it: a mark there
-        // recorded after this free, before the block's next owner has it,
-        // orders that owner, on any blocking stream, after its old work.
-        // The allocation that takes it records one unless one was since
-        // (`take_cached`), so a free makes no driver call. (A non-blocking
-        // stream made later waits for a newer mark.)
-        if keep {
-            self.pending.keep_in_legacy_order(ptr, size, self.legacy_mark.begun());
+        // work before it, and their work after it waits for it: the mark
+        // orders the block's next owner, on any blocking stream, after its
+        // old work, with no driver call at the allocation. (A non-blocking
+        // stream made later waits for a newer mark.) Unmarked, it is freed.
+        if keep && driver.record(self.legacy_free_mark, Stream::LEGACY).is_ok() {
+            self.pending.cache_in_legacy_order(ptr, size);
             return Ok(FreePath::LegacyCached);
         }
         if only_blocking {
@@ -574,13 +516,13 @@ impl Device {
         }
         if capturing {
             self.mark_waited_on_gpu_only.store(true, Relaxed);
-            return driver.wait_event(made, self.legacy_mark.event).map(|()| false);
+            return driver.wait_event(made, self.legacy_free_mark).map(|()| false);
         }
-        if let Err(e) = self.legacy_mark.record(driver) {
+        if let Err(e) = driver.record(self.legacy_free_mark, Stream::LEGACY) {
             // Unmarked: the new stream waits on the GPU for the last mark
             // instead, and so does every stream made until the host waits.
             self.mark_waited_on_gpu_only.store(true, Relaxed);
-            driver.wait_event(made, self.legacy_mark.event)?;
+            driver.wait_event(made, self.legacy_free_mark)?;
             return Err(e);
         }
         self.mark_waiters.fetch_add(1, Relaxed);
@@ -591,7 +533,7 @@ impl Device {
     /// covers any mark streams made during a capture waited for on the GPU,
     /// and any recorded before it); once after each time that returned true.
     pub fn wait_for_legacy_mark(&self, driver: &impl Gpu) -> CuResult<()> {
-        let waited = driver.wait_for(self.legacy_mark.event);
+        let waited = driver.wait_for(self.legacy_free_mark);
         if waited.is_ok() {
             self.mark_waited_on_gpu_only.store(false, Relaxed);
         }
@@ -606,8 +548,8 @@ impl Device {
     /// `cudaFree` had waited for that work). The device's context must be
     /// current, and no capture may begin before this returns.
     pub fn wait_before_export(&self, driver: &impl Gpu) -> CuResult<()> {
-        self.legacy_mark.record(driver)?;
-        driver.wait_for(self.legacy_mark.event)
+        driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+        driver.wait_for(self.legacy_free_mark)
     }
 
     /// A first capture is about to begin: marks the legacy stream's work so
@@ -617,7 +559,7 @@ impl Device {
         if !self.reuses_on_legacy_stream() {
             return Ok(());
         }
-        self.legacy_mark.record(driver)
+        driver.record(self.legacy_free_mark, Stream::LEGACY)
     }
 
     /// The program is about to free one of the pool's blocks itself
@@ -633,8 +575,8 @@ impl Device {
         if after.nonblocking.is_empty() {
             return Ok(());
         }
-        self.legacy_mark.record(driver)?;
-        after.nonblocking.iter().try_for_each(|stream| driver.wait_event(*stream, self.legacy_mark.event))
+        driver.record(self.legacy_free_mark, Stream::LEGACY)?;
+        after.nonblocking.iter().try_for_each(|stream| driver.wait_event(*stream, self.legacy_free_mark))
     }
 
     /// Bytes the pools hold now, used or not.
@@ -683,7 +625,7 @@ impl Device {
             let _ = driver.free_async(*ptr, self.pool_stream);
         }
         let _ = driver.synchronize_stream(self.pool_stream);
-        for event in events.into_iter().chain([self.legacy_mark.event]) {
+        for event in events.into_iter().chain([self.legacy_free_mark]) {
             let _ = driver.destroy_event(event);
         }
         let _ = driver.destroy_stream(self.pool_stream);

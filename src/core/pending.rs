@@ -27,8 +27,8 @@
 //! Such a block goes back to the pool in the legacy stream's order (the old
 //! work may still run), where only the legacy stream reuses it at once. So
 //! does a block the program freed with only blocking streams, which the
-//! cache may take at once, to be handed out after a mark on the legacy
-//! stream (`keep_in_legacy_order`, `SOMA_LEGACY_CACHE`).
+//! cache may take at once after a mark on the legacy stream
+//! (`cache_in_legacy_order`, `SOMA_LEGACY_CACHE`).
 //!
 //! Locks: the queue and the cache are held for a push or a pop, never over a
 //! driver call, so program threads never wait on a driver call of another's.
@@ -80,34 +80,9 @@ struct Batch {
 struct Cached {
     ptr: u64,
     since: Instant,
-    order: Order,
-}
-
-/// What orders a cached block's next owner after the work before its free.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Order {
-    /// The GPU has passed that work: nothing.
-    Passed,
-    /// A barrier: every stream waits for that work, which may still run.
-    Barrier,
-    /// Freed with only blocking streams (`SOMA_LEGACY_CACHE`): a mark on
-    /// the legacy stream numbered above this one (`Device::take_cached`),
-    /// which the work may still be running before.
-    LegacyMark(u64),
-}
-
-impl Order {
-    /// Whether the work before the free may still run: the block goes back
-    /// to the pool on the legacy stream, where only that stream reuses it at once.
-    fn in_legacy_order(self) -> bool {
-        self != Order::Passed
-    }
-}
-
-/// A block taken from the cache, and what orders it (`Order`).
-pub struct Taken {
-    pub ptr: u64,
-    pub order: Order,
+    /// Ordered on the legacy stream (behind a barrier, or freed there with
+    /// only blocking streams): the work before its free may still run.
+    in_legacy_order: bool,
 }
 
 /// Which cached blocks stay in the cache when the rest go back to the pool.
@@ -166,14 +141,15 @@ impl PendingFrees {
         lock(&self.queued).push(Block { ptr, size });
     }
 
-    /// The newest cached block of exactly `size` bytes, and what orders it.
-    pub fn take_cached(&self, size: u64) -> Option<Taken> {
+    /// A cached block of exactly `size` bytes: its earlier work has passed,
+    /// or it is reused in the legacy stream's order (`in_legacy_order`).
+    pub fn take_cached(&self, size: u64) -> Option<u64> {
         if self.cached_bytes.load(Relaxed) == 0 {
             return None;
         }
-        let Cached { ptr, order, .. } = lock(&self.cache).get_mut(&size)?.pop()?;
+        let ptr = lock(&self.cache).get_mut(&size)?.pop()?.ptr;
         self.uncount_cached(size);
-        Some(Taken { ptr, order })
+        Some(ptr)
     }
 
     pub fn pending_bytes(&self) -> u64 {
@@ -334,7 +310,7 @@ impl PendingFrees {
             return Err(e);
         }
         let bytes = blocks.iter().map(|b| b.size).sum();
-        self.cache_pending(blocks, bytes, Order::Barrier);
+        self.cache_pending(blocks, bytes, true);
         Ok(())
     }
 
@@ -372,23 +348,22 @@ impl PendingFrees {
             return;
         };
         r.spare_events.push(batch.done);
-        self.cache_pending(batch.blocks, batch.bytes, Order::Passed);
+        self.cache_pending(batch.blocks, batch.bytes, false);
     }
 
-    /// The program freed `ptr` with only blocking streams: cached at once,
-    /// for reuse in the legacy stream's order after a mark there numbered
-    /// above `marks_begun` (or given back to the pool on that stream).
-    pub fn keep_in_legacy_order(&self, ptr: u64, size: u64, marks_begun: u64) {
-        self.cache([Block { ptr, size }], size, Order::LegacyMark(marks_begun));
+    /// The program freed `ptr` with only blocking streams, after a mark on
+    /// the legacy stream: cached at once, for reuse in that stream's order.
+    pub fn cache_in_legacy_order(&self, ptr: u64, size: u64) {
+        self.cache([Block { ptr, size }], size, true);
     }
 
     /// Moves pending blocks (`bytes` in all) into the cache.
-    fn cache_pending(&self, blocks: Vec<Block>, bytes: u64, order: Order) {
-        self.cache(blocks, bytes, order);
+    fn cache_pending(&self, blocks: Vec<Block>, bytes: u64, in_legacy_order: bool) {
+        self.cache(blocks, bytes, in_legacy_order);
         self.pending_bytes.fetch_sub(bytes, Relaxed);
     }
 
-    fn cache(&self, blocks: impl IntoIterator<Item = Block>, bytes: u64, order: Order) {
+    fn cache(&self, blocks: impl IntoIterator<Item = Block>, bytes: u64, in_legacy_order: bool) {
         let since = Instant::now();
         let mut cache = lock(&self.cache);
         // Counted before a block can be taken: the count never falls below the cache.
@@ -397,7 +372,7 @@ impl PendingFrees {
             if self.is_small(block.size) {
                 self.small_cached_bytes.fetch_add(block.size, Relaxed);
             }
-            cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since, order });
+            cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since, in_legacy_order });
         }
     }
 
@@ -429,7 +404,7 @@ impl PendingFrees {
                 let Some(cutoff) = cutoff else { continue };
                 // Oldest first: blocks are pushed in time order and popped from the back.
                 let keep_from = blocks.iter().position(|b| b.since >= cutoff).unwrap_or(blocks.len());
-                released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.order.in_legacy_order())));
+                released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.in_legacy_order)));
             }
             cache.retain(|_, blocks| !blocks.is_empty());
         }
@@ -513,7 +488,7 @@ mod tests {
         for (ptr, &size) in (1..).zip(sizes) {
             pending.queue(ptr, size);
             let block = lock(&pending.queued).pop().expect("queued");
-            pending.cache_pending(vec![block], size, if ptr % 2 == 0 { Order::Barrier } else { Order::Passed });
+            pending.cache_pending(vec![block], size, ptr % 2 == 0);
             std::thread::sleep(Duration::from_millis(1));
         }
         pending
@@ -527,7 +502,7 @@ mod tests {
         pending.release_cached(Keep::Young { within: 12 }, &map, |ptr, in_legacy_order| released.push((ptr, in_legacy_order)));
         assert_eq!(released, [(1, false), (2, true)], "18 bytes held, 12 kept: the two oldest go");
         assert_eq!(pending.cached_bytes(), 10);
-        assert_eq!(pending.take_cached(8).map(|taken| (taken.ptr, taken.order)), Some((3, Order::Passed)));
+        assert_eq!(pending.take_cached(8), Some(3));
 
         let mut later = Vec::new();
         pending.release_cached(Keep::Young { within: 2 }, &map, |ptr, _| later.push(ptr));

@@ -4,11 +4,10 @@
 //! bimodal, and every driver call a thread adds between them pushes more of
 //! them into the slow mode (docs/BENCHMARKS.md, "Threads on the legacy
 //! stream"). While threads take turns, a `cudaFree` with only blocking
-//! streams keeps its block for the next `cudaMalloc` of its size, and
-//! neither makes a driver call but for one mark on the legacy stream that
-//! serves every free before it (`Device::free`, `Device::take_cached`). One
-//! thread alone gained no time from that in programs, and the pool loses the
-//! block to other sizes, so it happens only while threads take turns.
+//! streams keeps its block for the next `cudaMalloc` of its size, which then
+//! makes no driver call (`Device::free`). One thread alone gains nothing from
+//! that, and the pool loses the block to other sizes, so it happens only
+//! while threads take turns.
 //!
 //! A free by another thread than the last raises a score by `SWITCH`, a
 //! free by the same thread lowers it by one: a run of L frees by one thread
