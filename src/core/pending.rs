@@ -407,13 +407,17 @@ impl PendingFrees {
                 released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.in_legacy_order)));
             }
             cache.retain(|_, blocks| !blocks.is_empty());
+            // Out of the cache, a small block has no budget of its own: on its
+            // way to the pool it counts toward the bound, as any other.
+            let small: u64 = released.iter().map(|&(_, size, _)| size).filter(|&size| self.is_small(size)).sum();
+            self.small_cached_bytes.fetch_sub(small, Relaxed);
         }
         for (ptr, size, in_legacy_order) in released {
             map.returned(ptr);
             to_pool(ptr, in_legacy_order);
             // Counted as held until the pool has it: an allocation that saw
             // less would grow the pool while the block is on its way back.
-            self.uncount_cached(size);
+            self.cached_bytes.fetch_sub(size, Relaxed);
         }
     }
 
@@ -492,6 +496,20 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         pending
+    }
+
+    #[test]
+    fn a_small_block_on_its_way_to_the_pool_counts_toward_the_bound() {
+        let map = PointerMap::default();
+        let pending = PendingFrees::new(4);
+        pending.queue(1, 2);
+        let block = lock(&pending.queued).pop().expect("queued");
+        pending.cache_pending(vec![block], 2, false);
+        assert_eq!((pending.held_bytes(), pending.bounded_bytes()), (2, 0), "cached, a small block has a budget of its own");
+        let mut seen = Vec::new();
+        pending.release_cached(Keep::None, &map, |_, _| seen.push(pending.bounded_bytes()));
+        assert_eq!(seen, [2], "between the cache and the pool it counts toward the bound");
+        assert_eq!((pending.held_bytes(), pending.bounded_bytes()), (0, 0));
     }
 
     #[test]
