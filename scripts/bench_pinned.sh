@@ -21,6 +21,7 @@ if ! "$NVCC" -O2 -arch="$ARCH" -cudart shared "${RPATH[@]}" -o "$BUILD/pinned" c
   cat "$BUILD/pinned.build.log"
   exit 1
 fi
+export CUDA_VISIBLE_DEVICES=$ONE_GPU # several devices: the shim passes pinned memory through
 status=0
 for mode in real shim pool; do
   case $mode in

@@ -1,6 +1,12 @@
 # shellcheck shell=bash
 # Sourced by the GPU scripts (demo.sh, bench.sh, gpu_test.sh); needs NVCC set.
-# shellcheck disable=SC2034 # SHIM, NVCC_DIR and RPATH are for the sourcing script
+# shellcheck disable=SC2034 # SHIM, NVCC_DIR, RPATH and ONE_GPU are for the sourcing script
+
+# The first device this process may use. The shim pools pinned host memory only
+# in a process that sees one device (with several it passes through), so the
+# pinned-memory tests and benchmark run with this one visible alone.
+ONE_GPU=${CUDA_VISIBLE_DEVICES:-0}
+ONE_GPU=${ONE_GPU%%,*}
 
 # require_gpu WHAT SHIM_PATH: one clear line and exit 1 unless nvcc, a GPU and
 # the shim library are all here; then SHIM is the library's absolute path.

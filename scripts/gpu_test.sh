@@ -116,8 +116,8 @@ free_sync|free_sync||SOMA_FREE_SYNC=1|1|=
 mixed|mixed|||1|=
 mixed@max_bytes|mixed||SOMA_MAX_BYTES=1048576|1|=
 errors|errors|||1|--no-oom
-host_pinned|host_pinned|||1|=
-host_race|host_race|||1|=
+host_pinned|host_pinned||CUDA_VISIBLE_DEVICES=one|1|=
+host_race|host_race||CUDA_VISIBLE_DEVICES=one|1|=
 threads|threads|||1|=
 threads@legacy|threads|--legacy-only||1|=
 capture|capture|||1|=
@@ -197,6 +197,8 @@ while IFS='|' read -r name prog args envs gpus _; do
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"
   case $DRIVER_API_TESTS in *" $name "*) TESTS+=$'\n'"$name#driver|$prog.driver|$args|$envs|$gpus|-" ;; esac
 done <<<"$TESTS"
+# Pinned host memory is pooled only in a process that sees one device.
+TESTS=${TESTS//CUDA_VISIBLE_DEVICES=one/CUDA_VISIBLE_DEVICES=$ONE_GPU}
 
 # ---- build (in parallel) --------------------------------------------------
 say "# building c_tests/gpu/*.cu into $BUILD"
