@@ -19,6 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, OUT_OF_MEMORY};
@@ -125,6 +126,9 @@ pub struct SimGpu {
     /// Another thread's steps, run once right after the next wait the given
     /// stream is made to make: a test's way to land them mid-barrier.
     pub after_next_wait: Mutex<Option<(Stream, Steps)>>,
+    /// While set, every event record on the legacy stream fails, as a
+    /// driver error would make it.
+    pub fail_legacy_records: AtomicBool,
 }
 
 /// Steps of another thread, for `SimGpu::after_next_wait`.
@@ -158,6 +162,7 @@ impl SimGpu {
                 calls: HashMap::new(),
             }),
             after_next_wait: Mutex::new(None),
+            fail_legacy_records: AtomicBool::new(false),
         }
     }
 
@@ -583,6 +588,9 @@ impl Gpu for SimGpu {
     fn record(&self, event: Event, stream: Stream) -> CuResult<()> {
         let mut s = self.note("record");
         let key = stream.0 as usize;
+        if key == LEGACY && self.fail_legacy_records.load(Relaxed) {
+            return Err(INVALID_VALUE);
+        }
         s.check_capture(key, "event record")?;
         let id = s.issue(key, None, &[]);
         match s.events.get_mut(&(event.0 as usize)) {

@@ -896,3 +896,31 @@ fn a_block_kept_in_the_legacy_streams_order_comes_back_without_a_driver_call_and
         assert_eq!(device.peak_held.load(Ordering::Relaxed), MIB, "the kept block counts as freed, not yet reused");
     }
 }
+
+/// A block kept in the legacy stream's order, then a non-blocking stream
+/// made while no mark can be recorded (it waits on the GPU for the last mark
+/// recorded): the block is not handed out, for use on that stream, before its
+/// old work is done, although marks work again by the next allocation. (The
+/// mark recorded at the free covers it; one recorded at the reuse instead
+/// did not.)
+#[test]
+fn a_kept_block_is_not_reused_past_a_stream_that_missed_its_mark() {
+    for seed in 0..32 {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[("SOMA_LEGACY_CACHE", "on")]);
+        let blocking = gpu.program_stream(false);
+        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
+        gpu.launch(blocking, touch);
+        gpu.program_freed(touch);
+        Shim::free(&shim, &gpu, ptr);
+        gpu.fail_legacy_records.store(true, Ordering::Relaxed);
+        let nonblocking = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, nonblocking);
+        gpu.fail_legacy_records.store(false, Ordering::Relaxed);
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        gpu.launch(nonblocking, Touch { ptr: again, generation: gpu.next_generation(again) });
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
+    }
+}
