@@ -12,7 +12,7 @@
 #       cudaMallocAsync    PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
 #   cupy/*                   scripts/bench_cupy.py: pool, nopool, nopool+shim
 #   ddp2/*  (2+ GPUs only)   torchrun 2 ranks of scripts/bench_ddp.py: caching,
-#                            caching-off, caching-off+shim
+#                            caching-off, caching-off+shim, cudaMallocAsync
 #
 # Environment: BENCH_REPS (3: every scenario runs that many times, one round of all
 # scenarios after another, so that a slow spell of the machine hits every allocator;
@@ -23,7 +23,9 @@
 # and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy'),
 # BENCH_SHIM_VARIANTS (';'-separated groups of SOMA_* settings: each runs every shim
 # scenario once more with them, named SCENARIO[SETTINGS], in the same rounds; e.g.
-# 'SOMA_LEGACY_CACHE=0' measures the shim without its legacy-order cache).
+# 'SOMA_LEGACY_CACHE=0' measures the shim without its legacy-order cache; a group may
+# also hold LD_PRELOAD=/absolute/path/other.so, which runs another build of the shim in
+# the same rounds: the later assignment wins).
 # SOMA_* variables in the environment reach the shim runs; shim runs also get
 # SOMA_STATS=<file> (DDP: SOMA_STATS=1, each rank's table in the log), and the table shows the pool's figures from it
 # when the shim writes them. LD_PRELOAD and PyTorch's allocator variables are
@@ -315,6 +317,8 @@ one_round() {
     # SOMA_STATS=1: each rank's table goes to stderr, into the log (one file would be overwritten).
     shim_scenario ddp2/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 SOMA_STATS=1 -- "${DDP[@]}" \
       --label ddp2/caching-off+shim
+    scenario ddp2/cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${DDP[@]}" \
+      --label ddp2/cudaMallocAsync
   fi
 }
 
