@@ -60,7 +60,7 @@ use super::locks::{thread_number, Padded};
 use super::pending::{Keep, PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
-use super::stats::{DeviceCounters, PoolPeaks};
+use super::stats::{raise_peak, DeviceCounters, PoolPeaks};
 use super::turns::Turns;
 use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, CONTEXT_IS_DESTROYED};
 
@@ -357,9 +357,12 @@ impl Device {
             }
             Some(queued) => self.pending.join(&mut r, driver, self.join_stream, after, queued).map(|()| true),
         };
+        let ordering = started.elapsed();
         match batch {
             Ok(true) => {
                 counters.batches.fetch_add(1, Relaxed);
+                raise_peak(&counters.batch_streams_high, after.nonblocking.len() as u64);
+                counters.batch_nanos.fetch_add(ordering.as_nanos() as u64, Relaxed);
                 if limited {
                     counters.limit_barriers.fetch_add(1, Relaxed);
                 }
@@ -378,7 +381,6 @@ impl Device {
             }
             Err(e) => log::warn!("device {}: ordering frees after earlier work failed: {e:?}", self.ordinal),
         }
-        let ordering = started.elapsed();
         self.pending.collect_passed(&mut r, driver);
         match wait {
             // Device memory: the newest frees stay cached within the limit,

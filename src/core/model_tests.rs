@@ -859,6 +859,8 @@ fn past_the_pending_limit_device_frees_are_reused_at_once_and_host_frees_waited_
         } else {
             assert_eq!(waits, 0);
             assert!(barriers >= 10, "{barriers} batches behind barriers for 15 frees past the limit");
+            assert_eq!(counters.batch_streams_high.load(Ordering::Relaxed), 1, "each batch waited for the one non-blocking stream");
+            assert!(counters.batch_nanos.load(Ordering::Relaxed) > 0, "the batches' host time is counted");
             let held = gpu.reserved_high();
             assert!(held <= 6 * MIB, "the pool held {held} bytes: the limit, the block over it and the live one at most");
         }

@@ -28,6 +28,11 @@ pub struct DeviceCounters {
     /// Of those, batches freed behind a barrier because the frees held had
     /// passed `SOMA_PENDING_FREE_LIMIT` (join order).
     pub limit_barriers: AtomicU64,
+    /// The most non-blocking streams one batch was ordered after: a join
+    /// or barrier makes driver calls on each.
+    pub batch_streams_high: AtomicU64,
+    /// Host time spent ordering batches, by whichever thread did it.
+    pub batch_nanos: AtomicU64,
     /// Times an allocation waited on the host for pending frees of pinned
     /// host memory (`SOMA_PENDING_FREE_LIMIT`).
     pub pending_waits: AtomicU64,
@@ -245,6 +250,12 @@ impl Stats {
             count(&mut out, "frees joined in batches", d.total(|t| &t.queued_frees));
             count(&mut out, "batches ordered", d.batches.load(Relaxed));
             count(&mut out, "batches past the limit", d.limit_barriers.load(Relaxed));
+            let batches = d.batches.load(Relaxed);
+            if batches > 0 {
+                count(&mut out, "streams a batch waited for", d.batch_streams_high.load(Relaxed));
+                let us = d.batch_nanos.load(Relaxed) as f64 / batches as f64 / 1000.0;
+                let _ = writeln!(out, "  {:<28}{us:>9.2} us", "host time per batch");
+            }
             count(&mut out, "allocations from the cache", d.total(|t| &t.cache_hits));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
@@ -360,6 +371,10 @@ mod tests {
         stats.passed_through(Passthrough::SizeOutOfRange, 5 << 30);
         stats.passed_frees.fetch_add(2, Relaxed);
         stats.alloc_time.add(1500);
+        let d = stats.device(1);
+        d.batches.fetch_add(2, Relaxed);
+        raise_peak(&d.batch_streams_high, 131);
+        add_saturating(&d.batch_nanos, 900_000);
         let report = stats.report(7, 0, |d, host| (d == 1 && !host).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 }));
         assert!(report.starts_with("somashim statistics (pid 7)\n"), "{report}");
         assert!(report.contains("device 1\n"), "{report}");
@@ -370,6 +385,8 @@ mod tests {
         assert!(report.contains("ZeroSize") && report.contains("SizeOutOfRange") && report.contains("5.0 GiB"));
         assert!(report.contains("frees of other pointers"), "{report}");
         assert!(report.contains("1.50 us"), "{report}");
+        assert!(report.contains("  streams a batch waited for           131\n"), "{report}");
+        assert!(report.contains("  host time per batch            450.00 us\n"), "{report}");
         assert!(!report.contains("trace incomplete"), "{report}");
         assert!(stats.report(7, 12, |_, _| None).ends_with("trace incomplete: 12 rows lost (writing it failed)\n"));
     }
