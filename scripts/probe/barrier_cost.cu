@@ -1,5 +1,5 @@
 // What one ordering of frees costs the host with N live non-blocking streams
-// (PyTorch's DDP run has 131 per rank: its stream pool and NCCL's), while a
+// (each rank of scripts/bench_ddp.py under the shim has 131), while a
 // second thread keeps the legacy stream busy as a training step does.
 //
 //   query:  the shim's barrier: cuStreamQuery each stream; record on the busy
