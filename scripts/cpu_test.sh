@@ -580,6 +580,22 @@ if wanted "full disk: stats file"; then
   checked "full disk: stats file (one warning, the table on stderr, no empty file)" "${problems[@]}"
 fi
 
+# scripts/replay_orderings.py: a free is reusable once an ordering that began
+# after it has ended. 1 MiB allocated, freed at 10 us, 1 MiB asked for at 20 us
+# (its row first, as threads flush theirs), freed with cudaFreeAsync, asked for
+# again: with orderings of 0 or 5 us the pool holds 1 MiB, with 15 us it grows.
+if wanted "replay of orderings" && command -v python3 >/dev/null; then
+  next_key
+  m=$((1 << 20))
+  printf '%s\n' time_us,device,op,size,ptr,in_use,reserved "20,0,alloc,$m,0x2,$m,0" "0,0,alloc,$m,0x1,$m,0" \
+    "10,0,free,$m,0x1,0,0" "30,0,free_async,$m,0x2,0,0" "40,0,alloc,$m,0x3,$m,0" >"$RUNS/$KEY.csv"
+  python3 scripts/replay_orderings.py "$RUNS/$KEY.csv" --latency-us 0,5,15 >"$RUNS/$KEY.out" 2>&1
+  got=$(awk 'NR > 1 { print $2, $3, $4 }' "$RUNS/$KEY.out" | tr '\n' ';')
+  problems=()
+  [ "$got" = "0 1.0 0.0;5 1.0 1.0;15 2.0 1.0;" ] || problems+=("latency, peak, waiting: '$got', want '0 1.0 0.0;5 1.0 1.0;15 2.0 1.0;'" "$(cat "$RUNS/$KEY.out")")
+  checked "replay of orderings (scripts/replay_orderings.py)" "${problems[@]}"
+fi
+
 # `make demo` on a machine without a GPU: the legacy loop on the test double.
 if wanted "make demo on the test double"; then
   next_key
