@@ -1,6 +1,7 @@
 // What one ordering of frees costs the host with N live non-blocking streams
-// (each rank of scripts/bench_ddp.py under the shim has 131), while a
-// second thread keeps the legacy stream busy as a training step does.
+// (each rank of scripts/bench_ddp.py under the shim has 131), while a second
+// thread makes driver calls too: a 10 us kernel on the legacy stream after
+// each sleep_for(5 us) (the sleep often lasts longer, so the GPU idles a lot).
 //
 //   query:  the shim's barrier: cuStreamQuery each stream; record on the busy
 //           ones and make the join stream wait; record done; every stream
@@ -20,13 +21,13 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(call)                                                         \
-  do {                                                                      \
-    CUresult r_ = (call);                                                   \
-    if (r_ != CUDA_SUCCESS && r_ != CUDA_ERROR_NOT_READY) {                 \
+#define CHECK(call)                                                           \
+  do {                                                                        \
+    CUresult r_ = (call);                                                     \
+    if (r_ != CUDA_SUCCESS) {                                                 \
       fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, r_); \
-      exit(1);                                                              \
-    }                                                                       \
+      exit(1);                                                                \
+    }                                                                         \
   } while (0)
 
 __global__ void spin(long long cycles) {
@@ -43,13 +44,26 @@ static std::vector<CUstream> streams;
 static std::vector<CUevent> covers;
 static CUstream join;
 static CUevent done, scratch;
+// Streams the asking barriers found busy, over all barriers of a measurement:
+// asking a busy stream costs less than an idle one, covering it more.
+static std::atomic<long> busy_found{0};
+
+static bool is_busy(CUstream stream) {
+  CUresult r = cuStreamQuery(stream);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) {
+    fprintf(stderr, "cuStreamQuery failed: %d\n", r);
+    exit(1);
+  }
+  return r == CUDA_ERROR_NOT_READY;
+}
 
 // Phase 1: cover stream i's work so far on the join stream (asking first,
 // or recording at once); phase 2: stream i waits for done.
 static void per_stream(int i, int phase, bool ask) {
   if (phase == 2) {
     CHECK(cuStreamWaitEvent(streams[i], done, 0));
-  } else if (!ask || cuStreamQuery(streams[i]) == CUDA_ERROR_NOT_READY) {
+  } else if (!ask || is_busy(streams[i])) {
+    if (ask) busy_found++;
     CHECK(cuEventRecord(covers[i], streams[i]));
     CHECK(cuStreamWaitEvent(join, covers[i], 0));
   }
@@ -65,7 +79,9 @@ static double median(std::vector<double> v) {
 struct Split {
   int threads;
   bool ask;
-  std::atomic<int> generation{0}, finished{0};
+  // Apart, so that the helpers' spinning on one does not slow the other.
+  alignas(64) std::atomic<int> generation{0};
+  alignas(64) std::atomic<int> finished{0};
   std::vector<std::thread> helpers;
   CUcontext ctx;
 
@@ -111,6 +127,7 @@ struct Split {
 
 static void measure(const char *name, int threads, bool ask, CUcontext ctx) {
   Split split(threads, ask, ctx);
+  busy_found = 0;
   int g = 0;
   std::vector<double> t;
   for (int rep = 0; rep < 300; rep++) {
@@ -119,8 +136,10 @@ static void measure(const char *name, int threads, bool ask, CUcontext ctx) {
   }
   std::vector<double> sorted = t;
   std::sort(sorted.begin(), sorted.end());
-  printf("%-8s threads %d: barrier %7.1f us median [p10 %.1f, p90 %.1f], %.2f us a stream\n", name, threads,
+  printf("%-8s threads %d: barrier %7.1f us median [p10 %.1f, p90 %.1f], %.2f us a stream", name, threads,
          median(t), sorted[30], sorted[270], median(t) / N);
+  if (ask) printf(", %.1f streams found busy a barrier", busy_found.load() / 300.0);
+  printf("\n");
 }
 
 int main(int argc, char **argv) {

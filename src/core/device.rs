@@ -60,7 +60,7 @@ use super::locks::{thread_number, Padded};
 use super::pending::{Keep, PendingFrees, Predecessors, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
-use super::stats::{raise_peak, DeviceCounters, PoolPeaks};
+use super::stats::{add_saturating, raise_peak, DeviceCounters, PoolPeaks};
 use super::turns::Turns;
 use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, CONTEXT_IS_DESTROYED};
 
@@ -362,7 +362,7 @@ impl Device {
             Ok(true) => {
                 counters.batches.fetch_add(1, Relaxed);
                 raise_peak(&counters.batch_streams_high, after.nonblocking.len() as u64);
-                counters.batch_nanos.fetch_add(ordering.as_nanos() as u64, Relaxed);
+                add_saturating(&counters.batch_nanos, u64::try_from(ordering.as_nanos()).unwrap_or(u64::MAX));
                 if limited {
                     counters.limit_barriers.fetch_add(1, Relaxed);
                 }

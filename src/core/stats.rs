@@ -28,10 +28,12 @@ pub struct DeviceCounters {
     /// Of those, batches freed behind a barrier because the frees held had
     /// passed `SOMA_PENDING_FREE_LIMIT` (join order).
     pub limit_barriers: AtomicU64,
-    /// The most non-blocking streams one batch was ordered after: a join
-    /// or barrier makes driver calls on each.
+    /// The most live non-blocking streams when a batch was ordered: an
+    /// ordering makes driver calls on each, so its cost follows their number.
     pub batch_streams_high: AtomicU64,
-    /// Host time spent ordering batches, by whichever thread did it.
+    /// Host time spent ordering batches (asking the streams, covering the
+    /// busy ones, a barrier's waits; not the returns to the pool), by
+    /// whichever thread did it.
     pub batch_nanos: AtomicU64,
     /// Times an allocation waited on the host for pending frees of pinned
     /// host memory (`SOMA_PENDING_FREE_LIMIT`).
@@ -252,9 +254,9 @@ impl Stats {
             count(&mut out, "batches past the limit", d.limit_barriers.load(Relaxed));
             let batches = d.batches.load(Relaxed);
             if batches > 0 {
-                count(&mut out, "streams a batch waited for", d.batch_streams_high.load(Relaxed));
+                count(&mut out, "non-blocking streams, most", d.batch_streams_high.load(Relaxed));
                 let us = d.batch_nanos.load(Relaxed) as f64 / batches as f64 / 1000.0;
-                let _ = writeln!(out, "  {:<28}{us:>9.2} us", "host time per batch");
+                let _ = writeln!(out, "  {:<28}{us:>9.2} us", "host time ordering a batch");
             }
             count(&mut out, "allocations from the cache", d.total(|t| &t.cache_hits));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
@@ -297,9 +299,6 @@ impl Stats {
     }
 }
 
-/// Adds `n` to a byte counter and returns the sum. It stops at `u64::MAX`
-/// rather than wrapping: requests of `SIZE_MAX` bytes are real (and fail), and
-/// two of them must not read as a small figure.
 /// Raises `peak` to `value` if higher. Read first: a read-modify-write on
 /// every call would take the line from the other threads calling.
 pub fn raise_peak(peak: &AtomicU64, value: u64) {
@@ -308,7 +307,10 @@ pub fn raise_peak(peak: &AtomicU64, value: u64) {
     }
 }
 
-fn add_saturating(counter: &AtomicU64, n: u64) -> u64 {
+/// Adds `n` to a counter and returns the sum. It stops at `u64::MAX` rather
+/// than wrapping: requests of `SIZE_MAX` bytes are real (and fail), and two of
+/// them must not read as a small figure.
+pub fn add_saturating(counter: &AtomicU64, n: u64) -> u64 {
     let (Ok(previous) | Err(previous)) = counter.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_add(n)));
     previous.saturating_add(n)
 }
@@ -385,8 +387,8 @@ mod tests {
         assert!(report.contains("ZeroSize") && report.contains("SizeOutOfRange") && report.contains("5.0 GiB"));
         assert!(report.contains("frees of other pointers"), "{report}");
         assert!(report.contains("1.50 us"), "{report}");
-        assert!(report.contains("  streams a batch waited for           131\n"), "{report}");
-        assert!(report.contains("  host time per batch            450.00 us\n"), "{report}");
+        assert!(report.contains("  non-blocking streams, most           131\n"), "{report}");
+        assert!(report.contains("  host time ordering a batch     450.00 us\n"), "{report}");
         assert!(!report.contains("trace incomplete"), "{report}");
         assert!(stats.report(7, 12, |_, _| None).ends_with("trace incomplete: 12 rows lost (writing it failed)\n"));
     }
