@@ -250,9 +250,9 @@ impl Stats {
             count(&mut out, "frees kept in legacy order", d.total(|t| &t.legacy_cached_frees));
             count(&mut out, "frees behind barriers", d.total(|t| &t.barrier_frees));
             count(&mut out, "frees joined in batches", d.total(|t| &t.queued_frees));
-            count(&mut out, "batches ordered", d.batches.load(Relaxed));
-            count(&mut out, "batches past the limit", d.limit_barriers.load(Relaxed));
             let batches = d.batches.load(Relaxed);
+            count(&mut out, "batches ordered", batches);
+            count(&mut out, "batches past the limit", d.limit_barriers.load(Relaxed));
             if batches > 0 {
                 count(&mut out, "non-blocking streams, most", d.batch_streams_high.load(Relaxed));
                 let us = d.batch_nanos.load(Relaxed) as f64 / batches as f64 / 1000.0;
