@@ -602,6 +602,24 @@ if wanted "replay of orderings" && command -v python3 >/dev/null; then
   checked "replay of orderings (scripts/replay_orderings.py)" "${problems[@]}"
 fi
 
+# The driver calls that issue work on a stream, as the shim's list names them,
+# against the headers (scripts/check_work_entry_points.py); and the check's
+# teeth: a list missing cuMemsetD8Async, with cuMemcpyAsync's stream one
+# place off, must be refused on both counts.
+if wanted "work entry points" && command -v python3 >/dev/null; then
+  next_key
+  problems=()
+  python3 scripts/check_work_entry_points.py "$INC" src/lib.rs >"$RUNS/$KEY.out" 2>&1 ||
+    problems+=("the shim's list" "$(tail -n 20 "$RUNS/$KEY.out")")
+  sed -e '/^    cuMemsetD8Async(/d' -e 's/^    cuMemcpyAsync(dst, src, bytes, s) => \[stream(s)\];/    cuMemcpyAsync(dst, src, s, bytes) => [stream(s)];/' \
+    src/lib.rs >"$RUNS/$KEY.broken.rs"
+  python3 scripts/check_work_entry_points.py "$INC" "$RUNS/$KEY.broken.rs" >"$RUNS/$KEY.broken" 2>&1
+  grep -q '^cuMemsetD8Async(.*neither on the list' "$RUNS/$KEY.broken" || problems+=("a missing entry point not found" "$(cat "$RUNS/$KEY.broken")")
+  grep -q "^cuMemcpyAsync: argument 2 is 'size_t ByteCount', not a stream" "$RUNS/$KEY.broken" ||
+    problems+=("a misplaced stream not found" "$(cat "$RUNS/$KEY.broken")")
+  checked "work entry points match the CUDA headers (scripts/check_work_entry_points.py)" "${problems[@]}"
+fi
+
 # `make demo` on a machine without a GPU: the legacy loop on the test double.
 if wanted "make demo on the test double"; then
   next_key

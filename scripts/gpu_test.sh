@@ -111,6 +111,9 @@ TESTS=$(
   cat <<'EOF'
 streams|streams|||1|=
 race|race|||1|=
+work_kinds|work_kinds|||1|=
+work_kinds@past_limit|work_kinds||SOMA_PENDING_FREE_LIMIT=0|1|-
+work_kinds@untracked|work_kinds||SOMA_TRACK_WORK=0|1|-
 legacy_race|legacy_race|||1|=
 free_sync|free_sync||SOMA_FREE_SYNC=1|1|=
 mixed|mixed|||1|=
@@ -191,7 +194,7 @@ EOF
 # The same programs built with the static runtime (all of them) and as
 # driver-API programs (those whose checks are about allocation and ordering).
 # own_context calls no runtime function: its static build is the same program.
-DRIVER_API_TESTS=" memory_limit host_pinned host_race streams race legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork ipc ipc_errors ipc_lifetime "
+DRIVER_API_TESTS=" memory_limit host_pinned host_race streams race work_kinds legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork ipc ipc_errors ipc_lifetime "
 while IFS='|' read -r name prog args envs gpus _; do
   case $name in *@* | own_context) continue ;; esac
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"
@@ -551,6 +554,54 @@ for prog in fork fork.static; do
       IFS=';'
       echo "${reasons[*]}"
     )"
+  fi
+done
+
+# ---- work on streams: the shim sees it, whatever the front door ---------------
+# race --streams 256 (256 idle non-blocking streams besides the ones in use),
+# in the shared-runtime, static-runtime and driver-API builds: the shim tracks
+# the streams' work (SOMA_TRACK_WORK, on by default), so each batch asks only
+# the few streams with work (runtime launches reach the shim's cuLaunchKernel
+# through cuGetProcAddress); past the limit, barriers' waits are issued at the
+# streams' next work. Untracked, every batch asks all of them.
+stats_row() { awk -v row="$2" 'index($0, "  " row) == 1 { print $NF; exit }' "$1"; }
+for variant in race race.static race.driver race@past_limit race@untracked; do
+  name=work_tracked@$variant
+  wanted "$name" || continue
+  prog=${variant%@*}
+  case $variant in
+    *@past_limit) extra=(SOMA_PENDING_FREE_LIMIT=0) ;;
+    *@untracked) extra=(SOMA_TRACK_WORK=0) ;;
+    *) extra=() ;;
+  esac
+  if ! built "$prog"; then
+    fail "$name" "$prog did not build"
+    continue
+  fi
+  safe=${name//[@#.]/_}
+  env GPUTEST_QUICK=1 SOMA_STATS="$RUNS/$safe.stats" "${extra[@]}" LD_PRELOAD="$SHIM" timeout "$T" \
+    "$BUILD/$prog" --streams 256 >"$RUNS/$safe.out" 2>"$RUNS/$safe.err"
+  rc=$?
+  logfile "$name statistics" "$RUNS/$safe.stats"
+  most=$(stats_row "$RUNS/$safe.stats" "non-blocking streams, most")
+  asked=$(stats_row "$RUNS/$safe.stats" "streams asked per batch")
+  waits=$(stats_row "$RUNS/$safe.stats" "barrier waits before work")
+  reasons=()
+  [ "$rc" = 0 ] || reasons+=("exit $rc: $(tail -n 2 "$RUNS/$safe.err" | tr '\n' ' ')")
+  [ "${most:-0}" -ge 256 ] || reasons+=("${most:-no} non-blocking streams at a batch, want 256 or more")
+  case $variant in
+    *@untracked) awk -v a="${asked:-0}" -v m="${most:-0}" 'BEGIN { exit !(a >= m - 8) }' ||
+      reasons+=("$asked streams asked per batch of $most: untracked, every live one is asked") ;;
+    *) awk -v a="${asked:-999}" 'BEGIN { exit !(a > 0 && a < 16) }' ||
+      reasons+=("${asked:-no} streams asked per batch of $most, want the few in use (1 to 15)") ;;
+  esac
+  case $variant in
+    *@past_limit) [ "${waits:-0}" -gt 0 ] || reasons+=("no barrier wait issued before a stream's work") ;;
+  esac
+  if [ ${#reasons[@]} -eq 0 ]; then
+    pass "$name" "$asked streams asked per batch of $most live${waits:+, $waits barrier waits before work}"
+  else
+    fail "$name" "$(IFS=';'; echo "${reasons[*]}")"
   fi
 done
 

@@ -30,6 +30,7 @@ use cuda::real::{driver as cu, runtime as rt, IpcMemHandle};
 use front::driver_door::{EntryPoint, ALLOC_HOST_FLAGS, INVALID_VALUE, OUT_OF_MEMORY};
 use front::guard::{guarded, guarded_lookup};
 use front::hooks::{Extent, PitchedPtr};
+use front::work::stream;
 
 type Handle = *mut c_void;
 
@@ -431,7 +432,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, function: *mut Handle, version: c_int, flags: u64) -> u32 {
     let real = || unsafe { cu::cuGetProcAddress(symbol, function, version, flags) };
-    guarded_lookup(|| unsafe { front::driver_door::get_proc_address(symbol, function, &DRIVER_ENTRY_POINTS, real) }, real)
+    guarded_lookup(|| unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real) }, real)
 }
 
 #[no_mangle]
@@ -443,7 +444,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     status: *mut c_int,
 ) -> u32 {
     let real = || unsafe { cu::cuGetProcAddress_v2(symbol, function, version, flags, status) };
-    guarded_lookup(|| unsafe { front::driver_door::get_proc_address(symbol, function, &DRIVER_ENTRY_POINTS, real) }, real)
+    guarded_lookup(|| unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real) }, real)
 }
 
 // ---- the driver entry points handed out --------------------------------------
@@ -484,10 +485,161 @@ static DRIVER_ENTRY_POINTS: [EntryPoint; 30] = [
     EntryPoint(c"cuGetProcAddress_v2", cuGetProcAddress_v2 as *const ()),
 ];
 
+// ---- the driver calls that issue work on a stream ---------------------------
+
+/// Defines each export: the real function (found by name once) runs inside
+/// `front::work::issue` for the streams after `=>`. Every argument is passed
+/// through as the 64-bit integer the C calling convention moves it in (none
+/// is a floating-point value or a struct over 8 bytes).
+macro_rules! work_entry_points {
+    ($($name:ident($($arg:ident),*) => $streams:expr;)*) => {
+        mod real_work {
+            crate::cuda::real::real_functions! { find = crate::cuda::real::find_in_driver; $( $name($($arg: usize),*); )* }
+        }
+        $(
+            #[no_mangle]
+            #[allow(unused_unsafe)] // only some lines read the streams through a pointer
+            pub unsafe extern "C" fn $name($($arg: usize),*) -> u32 {
+                let real = || unsafe { real_work::$name($($arg),*) };
+                // SAFETY: the streams are read from the caller's arguments, valid by the call's contract.
+                guarded(|| front::work::issue(front::hooks::allocator(), &unsafe { $streams }, real), real)
+            }
+        )*
+        /// The exports above, as `dlsym` and `cuGetProcAddress` hand them out.
+        static WORK_ENTRY_POINTS: &[EntryPoint] = &[$(EntryPoint(
+            match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                Ok(name) => name,
+                Err(_) => panic!("a symbol name has no NUL inside"),
+            },
+            $name as *const (),
+        )),*];
+    };
+}
+
+// One line per driver export: CUDA 13.0's `cuda.h` and `cudaGL.h` (including
+// each `_v2`, `_ptsz` and older variant a driver still exports), checked by
+// scripts/check_work_entry_points.py. Names and positions follow the headers.
+work_entry_points! {
+    cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra) => [stream(s)];
+    cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, s, params, extra) => [stream(s)];
+    cuLaunchKernelEx(config, f, params, extra) => front::work::launch_config_stream(config);
+    cuLaunchKernelEx_ptsz(config, f, params, extra) => front::work::launch_config_stream(config);
+    cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, s, params) => [stream(s)];
+    cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, s, params) => [stream(s)];
+    cuLaunchCooperativeKernelMultiDevice(list, count, flags) => front::work::launch_list_streams(list, count);
+    cuLaunchGridAsync(f, width, height, s) => [stream(s)];
+    cuLaunchHostFunc(s, function, data) => [stream(s)];
+    cuLaunchHostFunc_ptsz(s, function, data) => [stream(s)];
+    cuStreamAddCallback(s, callback, data, flags) => [stream(s)];
+    cuStreamAddCallback_ptsz(s, callback, data, flags) => [stream(s)];
+    cuGraphLaunch(graph, s) => [stream(s)];
+    cuGraphLaunch_ptsz(graph, s) => [stream(s)];
+    cuGraphUpload(graph, s) => [stream(s)];
+    cuGraphUpload_ptsz(graph, s) => [stream(s)];
+    cuMemcpyAsync(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyAsync_ptsz(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyHtoDAsync(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyHtoDAsync_v2(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyHtoDAsync_v2_ptsz(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyDtoHAsync(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyDtoHAsync_v2(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyDtoHAsync_v2_ptsz(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyDtoDAsync(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyDtoDAsync_v2(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyDtoDAsync_v2_ptsz(dst, src, bytes, s) => [stream(s)];
+    cuMemcpyHtoAAsync(dst, offset, src, bytes, s) => [stream(s)];
+    cuMemcpyHtoAAsync_v2(dst, offset, src, bytes, s) => [stream(s)];
+    cuMemcpyHtoAAsync_v2_ptsz(dst, offset, src, bytes, s) => [stream(s)];
+    cuMemcpyAtoHAsync(dst, src, offset, bytes, s) => [stream(s)];
+    cuMemcpyAtoHAsync_v2(dst, src, offset, bytes, s) => [stream(s)];
+    cuMemcpyAtoHAsync_v2_ptsz(dst, src, offset, bytes, s) => [stream(s)];
+    cuMemcpy2DAsync(copy, s) => [stream(s)];
+    cuMemcpy2DAsync_v2(copy, s) => [stream(s)];
+    cuMemcpy2DAsync_v2_ptsz(copy, s) => [stream(s)];
+    cuMemcpy3DAsync(copy, s) => [stream(s)];
+    cuMemcpy3DAsync_v2(copy, s) => [stream(s)];
+    cuMemcpy3DAsync_v2_ptsz(copy, s) => [stream(s)];
+    cuMemcpy3DPeerAsync(copy, s) => [stream(s)];
+    cuMemcpy3DPeerAsync_ptsz(copy, s) => [stream(s)];
+    cuMemcpyPeerAsync(dst, dst_context, src, src_context, bytes, s) => [stream(s)];
+    cuMemcpyPeerAsync_ptsz(dst, dst_context, src, src_context, bytes, s) => [stream(s)];
+    cuMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attr_indices, attr_count, fail_index, s) => [stream(s)];
+    cuMemcpyBatchAsync_ptsz(dsts, srcs, sizes, count, attrs, attr_indices, attr_count, fail_index, s) => [stream(s)];
+    cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, attrs, attr_indices, attr_count, s) => [stream(s)];
+    cuMemcpyBatchAsync_v2_ptsz(dsts, srcs, sizes, count, attrs, attr_indices, attr_count, s) => [stream(s)];
+    cuMemcpy3DBatchAsync(count, ops, fail_index, flags, s) => [stream(s)];
+    cuMemcpy3DBatchAsync_ptsz(count, ops, fail_index, flags, s) => [stream(s)];
+    cuMemcpy3DBatchAsync_v2(count, ops, flags, s) => [stream(s)];
+    cuMemcpy3DBatchAsync_v2_ptsz(count, ops, flags, s) => [stream(s)];
+    cuMemsetD8Async(dst, value, count, s) => [stream(s)];
+    cuMemsetD8Async_ptsz(dst, value, count, s) => [stream(s)];
+    cuMemsetD16Async(dst, value, count, s) => [stream(s)];
+    cuMemsetD16Async_ptsz(dst, value, count, s) => [stream(s)];
+    cuMemsetD32Async(dst, value, count, s) => [stream(s)];
+    cuMemsetD32Async_ptsz(dst, value, count, s) => [stream(s)];
+    cuMemsetD2D8Async(dst, pitch, value, width, height, s) => [stream(s)];
+    cuMemsetD2D8Async_ptsz(dst, pitch, value, width, height, s) => [stream(s)];
+    cuMemsetD2D16Async(dst, pitch, value, width, height, s) => [stream(s)];
+    cuMemsetD2D16Async_ptsz(dst, pitch, value, width, height, s) => [stream(s)];
+    cuMemsetD2D32Async(dst, pitch, value, width, height, s) => [stream(s)];
+    cuMemsetD2D32Async_ptsz(dst, pitch, value, width, height, s) => [stream(s)];
+    cuStreamWriteValue32(s, address, value, flags) => [stream(s)];
+    cuStreamWriteValue32_ptsz(s, address, value, flags) => [stream(s)];
+    cuStreamWriteValue32_v2(s, address, value, flags) => [stream(s)];
+    cuStreamWriteValue32_v2_ptsz(s, address, value, flags) => [stream(s)];
+    cuStreamWriteValue64(s, address, value, flags) => [stream(s)];
+    cuStreamWriteValue64_ptsz(s, address, value, flags) => [stream(s)];
+    cuStreamWriteValue64_v2(s, address, value, flags) => [stream(s)];
+    cuStreamWriteValue64_v2_ptsz(s, address, value, flags) => [stream(s)];
+    cuStreamWaitValue32(s, address, value, flags) => [stream(s)];
+    cuStreamWaitValue32_ptsz(s, address, value, flags) => [stream(s)];
+    cuStreamWaitValue32_v2(s, address, value, flags) => [stream(s)];
+    cuStreamWaitValue32_v2_ptsz(s, address, value, flags) => [stream(s)];
+    cuStreamWaitValue64(s, address, value, flags) => [stream(s)];
+    cuStreamWaitValue64_ptsz(s, address, value, flags) => [stream(s)];
+    cuStreamWaitValue64_v2(s, address, value, flags) => [stream(s)];
+    cuStreamWaitValue64_v2_ptsz(s, address, value, flags) => [stream(s)];
+    cuStreamBatchMemOp(s, count, ops, flags) => [stream(s)];
+    cuStreamBatchMemOp_ptsz(s, count, ops, flags) => [stream(s)];
+    cuStreamBatchMemOp_v2(s, count, ops, flags) => [stream(s)];
+    cuStreamBatchMemOp_v2_ptsz(s, count, ops, flags) => [stream(s)];
+    cuMemPrefetchAsync(ptr, bytes, device, s) => [stream(s)];
+    cuMemPrefetchAsync_ptsz(ptr, bytes, device, s) => [stream(s)];
+    cuMemPrefetchAsync_v2(ptr, bytes, location, flags, s) => [stream(s)];
+    cuMemPrefetchAsync_v2_ptsz(ptr, bytes, location, flags, s) => [stream(s)];
+    cuMemPrefetchBatchAsync(ptrs, sizes, count, locations, location_indices, location_count, flags, s) => [stream(s)];
+    cuMemPrefetchBatchAsync_ptsz(ptrs, sizes, count, locations, location_indices, location_count, flags, s) => [stream(s)];
+    cuMemDiscardBatchAsync(ptrs, sizes, count, flags, s) => [stream(s)];
+    cuMemDiscardBatchAsync_ptsz(ptrs, sizes, count, flags, s) => [stream(s)];
+    cuMemDiscardAndPrefetchBatchAsync(ptrs, sizes, count, locations, location_indices, location_count, flags, s) => [stream(s)];
+    cuMemDiscardAndPrefetchBatchAsync_ptsz(ptrs, sizes, count, locations, location_indices, location_count, flags, s) => [stream(s)];
+    cuMemBatchDecompressAsync(params, count, flags, error_index, s) => [stream(s)];
+    cuMemBatchDecompressAsync_ptsz(params, count, flags, error_index, s) => [stream(s)];
+    cuMemMapArrayAsync(infos, count, s) => [stream(s)];
+    cuMemMapArrayAsync_ptsz(infos, count, s) => [stream(s)];
+    cuSignalExternalSemaphoresAsync(semaphores, params, count, s) => [stream(s)];
+    cuSignalExternalSemaphoresAsync_ptsz(semaphores, params, count, s) => [stream(s)];
+    cuWaitExternalSemaphoresAsync(semaphores, params, count, s) => [stream(s)];
+    cuWaitExternalSemaphoresAsync_ptsz(semaphores, params, count, s) => [stream(s)];
+    cuStreamAttachMemAsync(s, ptr, bytes, flags) => [stream(s)];
+    cuStreamAttachMemAsync_ptsz(s, ptr, bytes, flags) => [stream(s)];
+    cuGraphicsMapResources(count, resources, s) => [stream(s)];
+    cuGraphicsMapResources_ptsz(count, resources, s) => [stream(s)];
+    cuGraphicsUnmapResources(count, resources, s) => [stream(s)];
+    cuGraphicsUnmapResources_ptsz(count, resources, s) => [stream(s)];
+    cuGLMapBufferObjectAsync(ptr, size, buffer, s) => [stream(s)];
+    cuGLMapBufferObjectAsync_v2(ptr, size, buffer, s) => [stream(s)];
+    cuGLMapBufferObjectAsync_v2_ptsz(ptr, size, buffer, s) => [stream(s)];
+    cuGLUnmapBufferObjectAsync(buffer, s) => [stream(s)];
+}
+
+/// Every driver entry point the shim hands out.
+static SERVED: [&[EntryPoint]; 2] = [&DRIVER_ENTRY_POINTS, WORK_ENTRY_POINTS];
+
 front::dlsym::export_dlsym!(served_by_dlsym);
 
 /// The shim's function for a `dlsym` lookup the shim serves, else null.
 unsafe extern "C" fn served_by_dlsym(handle: Handle, name: *const c_char) -> Handle {
     // SAFETY: dlsym's caller passes a NUL-terminated name.
-    unsafe { front::dlsym::served_lookup(handle, name, &DRIVER_ENTRY_POINTS) }
+    unsafe { front::dlsym::served_lookup(handle, name, &SERVED) }
 }

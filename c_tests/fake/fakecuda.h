@@ -222,7 +222,9 @@ int fakecuda_pool_stats(const void *pool, struct fakecuda_pool_stats *out);
  * live allocation or its device is not reachable from the stream's device:
  * for plain memory, peer access must be enabled (cuCtxEnablePeerAccess); for
  * pool memory (a host pool's too), the pool must grant the device access
- * (cuMemPoolSetAccess); pinned memory is reachable from every device. */
+ * (cuMemPoolSetAccess); pinned memory is reachable from every device.
+ * Launched as a program launches, through the first cuLaunchKernel the
+ * process finds (a preloaded shim's), with the double's one kernel. */
 int fakecuda_launch(const void *stream, const void *p);
 
 /* The CPU reads or writes the host memory (pinned, or of a host pool)

@@ -35,7 +35,7 @@ fail() {
 }
 
 VARS=(LD_PRELOAD SOMA_STATS SOMA_TRACE SOMA_RELEASE_THRESHOLD SOMA_POOL SOMA_MIN_BYTES
-  SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_LEGACY_CACHE SOMA_SMALL_BLOCKS SOMA_MEMORY_LIMIT
+  SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_LEGACY_CACHE SOMA_TRACK_WORK SOMA_SMALL_BLOCKS SOMA_MEMORY_LIMIT
   SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE)
 
 # --- fixtures ---------------------------------------------------------------
@@ -65,7 +65,7 @@ PROBE=$TMP/probe
 cat >"$PROBE" <<'EOF'
 #!/usr/bin/env bash
 for v in LD_PRELOAD SOMA_STATS SOMA_TRACE SOMA_RELEASE_THRESHOLD SOMA_POOL SOMA_MIN_BYTES \
-  SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_LEGACY_CACHE SOMA_SMALL_BLOCKS SOMA_MEMORY_LIMIT \
+  SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_LEGACY_CACHE SOMA_TRACK_WORK SOMA_SMALL_BLOCKS SOMA_MEMORY_LIMIT \
   SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE; do
   if [ -n "${!v+x}" ]; then printf '%s=%s\n' "$v" "${!v}"; else printf '%s<unset>\n' "$v"; fi
 done
@@ -163,6 +163,7 @@ OPTS=(
   "--max-bytes|SOMA_MAX_BYTES|512MiB"
   "--pending-free-limit|SOMA_PENDING_FREE_LIMIT|64MiB"
   "--legacy-cache|SOMA_LEGACY_CACHE|on"
+  "--track-work|SOMA_TRACK_WORK|0"
   "--small-blocks|SOMA_SMALL_BLOCKS|1MiB"
   "--memory-limit|SOMA_MEMORY_LIMIT|50%"
   "--host-pool|SOMA_HOST_POOL|0"
@@ -429,7 +430,7 @@ else
 fi
 missing=""
 for opt in --stats --trace --threshold --pool --min-bytes --max-bytes --free-sync --pending-free-limit \
-  --legacy-cache --small-blocks --meminfo --passthrough-callers --log --disable --lib --help --version SOMASHIM_LIB; do
+  --legacy-cache --track-work --small-blocks --meminfo --passthrough-callers --log --disable --lib --help --version SOMASHIM_LIB; do
   "$SOMARUN" --help | grep -q -e "$opt" || missing="$missing $opt"
 done
 if [ -z "$missing" ]; then pass "usage names every option"; else fail "usage names every option" "missing:$missing"; fi

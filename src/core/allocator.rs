@@ -22,7 +22,7 @@ use super::passthrough::Passthrough;
 use super::pool_slots::{PoolSlot, PoolSlots};
 use super::ptrmap::{Block, Claim, Memory, MemoryKind, PointerMap};
 use super::stats::{raise_peak, PoolPeaks, Stats};
-use super::streams::{capture_key, CaptureKey, StreamRegistry};
+use super::streams::{capture_key, CaptureKey, StreamRegistry, StreamWork};
 use super::trace::{Op, Trace};
 
 pub struct Allocator {
@@ -50,6 +50,8 @@ pub struct Allocator {
     has_deferred: AtomicBool,
     /// A thread is retiring passed tails of destroyed streams.
     retiring_tails: AtomicBool,
+    /// Some stream's work was tracked (`issue_work` has something to do).
+    work_tracked: AtomicBool,
     /// (owner, accessor): `accessor` enabled peer access to `owner`'s memory.
     peer_grants: Mutex<HashSet<(i32, i32)>>,
     /// Blocks exported through CUDA IPC, and their importers' leases.
@@ -146,6 +148,7 @@ impl Allocator {
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
             retiring_tails: AtomicBool::new(false),
+            work_tracked: AtomicBool::new(false),
             peer_grants: Mutex::new(HashSet::new()),
             exports: Exports::default(),
             reclaimer: Reclaimer::default(),
@@ -333,7 +336,7 @@ impl Allocator {
         if registry.forgotten != forgotten {
             return; // a reset: these events are gone, their handles maybe reused
         }
-        registry.of(context).tails.retain(|tail| !passed.contains(tail));
+        registry.retire_tails(context, &passed);
         drop(registry);
         for tail in passed {
             let _ = driver.destroy_event(tail);
@@ -828,7 +831,9 @@ impl Allocator {
     /// Tracks a new non-blocking stream (made in the current context): every
     /// later free waits for its work, and blocks reused on the legacy stream
     /// before it existed are safe for it.
-    pub fn stream_created(&self, driver: &impl Gpu, stream: Stream) {
+    /// A non-blocking stream was made; `tracked`: the front door sees every
+    /// call that issues work on it (`issue_work`).
+    pub fn stream_created(&self, driver: &impl Gpu, stream: Stream, tracked: bool) {
         let context = match driver.stream_context(stream) {
             Ok(context) => context,
             Err(e) => return log::warn!("cannot find the context of a new stream: {e:?}"),
@@ -839,9 +844,11 @@ impl Allocator {
         let device = self.pooled_device_of(context);
         let host_waits = {
             let mut registry = write(&self.streams);
-            let streams = &mut registry.of(context).nonblocking;
-            streams.push(stream);
-            log::debug!("non-blocking stream {:?} made: {} live in its context", stream.0, streams.len());
+            let live = registry.add(context, stream, tracked);
+            log::debug!("non-blocking stream {:?} made: {live} live in its context", stream.0);
+            if tracked {
+                self.work_tracked.store(true, Ordering::Relaxed);
+            }
             // A host wait on the legacy stream would break a global capture.
             device.as_ref().map(|device| (device, device.leave_legacy_stream(driver, stream, !captures.is_empty())))
         };
@@ -858,10 +865,9 @@ impl Allocator {
     pub fn stream_destroying(&self, driver: &impl Gpu, stream: Stream) {
         let captures = read(&self.captures);
         let mut registry = write(&self.streams);
-        let Some((context, streams)) = registry.holding(stream) else {
+        let Some((context, streams)) = registry.remove(stream) else {
             return;
         };
-        streams.nonblocking.retain(|s| *s != stream);
         if captures.keys().any(|(s, _)| *s == stream.0 as usize) {
             return; // nothing may be recorded into a capture
         }
@@ -873,6 +879,38 @@ impl Allocator {
             Ok(event) => streams.tails.push(event),
             Err(e) => log::warn!("cannot record the last work of a destroyed stream: {e:?}"),
         }
+    }
+
+    /// Runs `issue`, a driver call that issues work on `streams`, as a
+    /// tracked stream needs: first the wait for a barrier it owes (not into
+    /// a capture: captured work runs when its graph is launched, and that
+    /// call waits), then the note that the stream has work.
+    pub fn issue_work<T>(&self, driver: &impl Gpu, streams: &[Stream], issue: impl FnOnce() -> T) -> T {
+        if !self.work_tracked.load(Ordering::Relaxed) {
+            return issue();
+        }
+        let tracked: Vec<Arc<StreamWork>> =
+            streams.iter().filter_map(|&stream| self.before_work(driver, stream)).collect();
+        let issued = issue();
+        tracked.iter().for_each(|work| work.issued());
+        issued
+    }
+
+    /// The work record of `stream` if tracked, after its owed barrier wait.
+    fn before_work(&self, driver: &impl Gpu, stream: Stream) -> Option<Arc<StreamWork>> {
+        let work = read(&self.streams).work_of(stream)?;
+        if let Some((count, event)) = work.owed_barrier() {
+            if !driver.is_capturing(stream) {
+                match driver.wait_event(stream, event) {
+                    Ok(()) => {
+                        work.waited(count);
+                        self.stats.waits_before_work.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => log::warn!("stream {:?}: waiting for a barrier before its work failed: {e:?}", stream.0),
+                }
+            }
+        }
+        Some(work)
     }
 
     /// Runs the real `begin` with captures locked, recording it if it succeeded.

@@ -97,6 +97,9 @@ pub struct Config {
     pub free_order: FreeOrder,
     pub pending_free_limit: Bytes,
     pub legacy_cache: LegacyCache,
+    /// The driver calls that issue work on a stream are watched, so that an
+    /// ordering asks only the streams in use (`core/streams.rs`).
+    pub track_work: bool,
     /// Requests of at most this many bytes come from the small-block pool (0: none).
     pub small_blocks: u64,
     /// Device memory the pool may hold per device (`Exact(u64::MAX)`: no cap).
@@ -293,6 +296,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store!(legacy_cache, LegacyCache),
     },
     Variable {
+        name: "SOMA_TRACK_WORK",
+        kind: Kind::Flag,
+        default: "1",
+        doc: "Watch the driver calls that issue work on a stream, so that ordering a batch of frees asks only the non-blocking streams with work not seen finished, and a barrier's wait is issued on a stream just before its next work; 0: every live non-blocking stream at every batch. Off where the driver is newer than the CUDA whose entry points the shim knows.",
+        store: store!(track_work, Flag),
+    },
+    Variable {
         name: "SOMA_SMALL_BLOCKS",
         kind: Kind::Size { allow_total: false },
         default: "4MiB",
@@ -443,6 +453,7 @@ impl Config {
             free_order: FreeOrder::Join,
             pending_free_limit: Bytes::Exact(0),
             legacy_cache: LegacyCache::Auto,
+            track_work: true,
             small_blocks: 0,
             memory_limit: Bytes::Exact(0),
             stats: StatsOutput::Off,

@@ -57,10 +57,11 @@ use std::time::{Duration, Instant};
 
 use super::config::{Config, FreeOrder, LegacyCache, PoolChoice};
 use super::locks::{thread_number, Padded};
-use super::pending::{Keep, PendingFrees, Predecessors, Reclaiming};
+use super::pending::{Keep, PendingFrees, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
 use super::stats::{add_saturating, raise_peak, DeviceCounters, PoolPeaks};
+use super::streams::{Observer, Predecessors};
 use super::turns::Turns;
 use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, CONTEXT_IS_DESTROYED};
 
@@ -224,7 +225,10 @@ impl Device {
             legacy_cache: config.legacy_cache,
             turns: Padded::default(),
             memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
-            pending: PendingFrees::new(if small_pool.is_some() { config.small_blocks } else { 0 }),
+            pending: PendingFrees::new(
+                if small_pool.is_some() { config.small_blocks } else { 0 },
+                if host { Observer::Host } else { Observer::Device },
+            ),
         })
     }
 
@@ -351,17 +355,18 @@ impl Device {
         let limited = !self.host && self.order == FreeOrder::Join && self.over_pending_limit();
         let behind_barrier = self.order == FreeOrder::Barrier || limited;
         let batch = match queued {
-            None => Ok(false),
+            None => Ok(None),
             Some(queued) if behind_barrier => {
-                self.pending.order_behind_barrier(&mut r, driver, self.join_stream, after, queued).map(|()| true)
+                self.pending.order_behind_barrier(&mut r, driver, self.join_stream, after, queued).map(Some)
             }
-            Some(queued) => self.pending.join(&mut r, driver, self.join_stream, after, queued).map(|()| true),
+            Some(queued) => self.pending.join(&mut r, driver, self.join_stream, after, queued).map(Some),
         };
         let ordering = started.elapsed();
         match batch {
-            Ok(true) => {
+            Ok(Some(asked)) => {
                 counters.batches.fetch_add(1, Relaxed);
                 raise_peak(&counters.batch_streams_high, after.nonblocking.len() as u64);
+                add_saturating(&counters.streams_asked, asked as u64);
                 add_saturating(&counters.batch_nanos, u64::try_from(ordering.as_nanos()).unwrap_or(u64::MAX));
                 if limited {
                     counters.limit_barriers.fetch_add(1, Relaxed);
@@ -372,7 +377,7 @@ impl Device {
                     self.reusing_barrier_frees.store(true, Relaxed);
                 }
             }
-            Ok(false) => {}
+            Ok(None) => {}
             // A reset by a path the shim does not wrap destroys the context,
             // or the streams and events in it, under the reclaimer: the
             // program's next call notices it.
@@ -578,7 +583,7 @@ impl Device {
             return Ok(());
         }
         driver.record(self.legacy_free_mark, Stream::LEGACY)?;
-        after.nonblocking.iter().try_for_each(|stream| driver.wait_event(*stream, self.legacy_free_mark))
+        after.nonblocking.iter().try_for_each(|live| driver.wait_event(live.stream, self.legacy_free_mark))
     }
 
     /// Bytes the pools hold now, used or not.

@@ -548,6 +548,11 @@ impl Gpu for SimGpu {
         s.streams.get(&key).is_some_and(|st| st.capture.is_none() && st.last.is_none_or(|op| s.ops[op].done))
     }
 
+    fn is_capturing(&self, stream: Stream) -> bool {
+        let s = self.note("is_capturing");
+        s.streams.get(&(stream.0 as usize)).is_some_and(|st| st.capture.is_some())
+    }
+
     fn stream_context(&self, _stream: Stream) -> CuResult<Context> {
         drop(self.note("stream_context"));
         Ok(CONTEXT)

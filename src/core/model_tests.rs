@@ -35,6 +35,9 @@ trait Shim {
     /// `cudaFreeAsync` of a block `malloc` returned.
     fn free_async(&self, gpu: &SimGpu, ptr: u64, stream: Stream);
     fn stream_created(&self, gpu: &SimGpu, stream: Stream);
+    /// A kernel on `stream`, through the shim's hook on work; `touch` None:
+    /// one issued into a capture (it does not run).
+    fn launch(&self, gpu: &SimGpu, stream: Stream, touch: Option<Touch>);
     fn stream_destroying(&self, gpu: &SimGpu, stream: Stream);
     fn begin_capture(&self, gpu: &SimGpu, stream: Stream, mode: CaptureMode) -> bool;
     fn end_capture(&self, gpu: &SimGpu, stream: Stream);
@@ -65,7 +68,11 @@ impl Shim for Allocator {
     }
 
     fn stream_created(&self, gpu: &SimGpu, stream: Stream) {
-        Allocator::stream_created(self, gpu, stream);
+        Allocator::stream_created(self, gpu, stream, self.config.track_work);
+    }
+
+    fn launch(&self, gpu: &SimGpu, stream: Stream, touch: Option<Touch>) {
+        self.issue_work(gpu, &[stream], || touch.map(|touch| gpu.launch(stream, touch)));
     }
 
     fn stream_destroying(&self, gpu: &SimGpu, stream: Stream) {
@@ -116,6 +123,11 @@ impl Shim for NaiveShim {
         gpu.free_async(ptr, stream).expect("a live pool block");
     }
     fn stream_created(&self, _: &SimGpu, _: Stream) {}
+    fn launch(&self, gpu: &SimGpu, stream: Stream, touch: Option<Touch>) {
+        if let Some(touch) = touch {
+            gpu.launch(stream, touch);
+        }
+    }
     fn stream_destroying(&self, _: &SimGpu, _: Stream) {}
     fn begin_capture(&self, gpu: &SimGpu, stream: Stream, mode: CaptureMode) -> bool {
         gpu.begin_capture(stream, mode)
@@ -231,13 +243,17 @@ impl<'a, S: Shim> Program<'a, S> {
                     return Ok(());
                 }
                 let (stream, _) = self.streams[usize::from(stream) % self.streams.len()];
-                // A captured launch does not run; a legacy one fails in a global capture.
-                if self.capturing(stream) || (stream == Stream::LEGACY && self.global_capture()) {
+                // A legacy launch fails in a global capture; a captured one does not run.
+                if stream == Stream::LEGACY && self.global_capture() {
+                    return Ok(());
+                }
+                if self.capturing(stream) {
+                    self.shim.launch(self.gpu, stream, None);
                     return Ok(());
                 }
                 let index = usize::from(block) % self.blocks.len();
                 self.blocks[index].used_on.insert(stream.0 as usize);
-                self.gpu.launch(stream, self.blocks[index].touch);
+                self.shim.launch(self.gpu, stream, Some(self.blocks[index].touch));
             }
             Action::Free { block } => {
                 if self.blocks.is_empty() {
@@ -419,6 +435,16 @@ proptest! {
     }
 
     #[test]
+    fn no_block_is_reused_before_earlier_work_untracked((actions, seed) in program()) {
+        // Every live non-blocking stream asked at every batch, and waiting at every barrier.
+        for limit in ["64MiB", "0"] {
+            let settings = [("SOMA_TRACK_WORK", "0"), ("SOMA_PENDING_FREE_LIMIT", limit)];
+            let found = violations_of(&allocator(&settings), &actions, seed);
+            prop_assert!(found.is_empty(), "{limit}: {found:#?}");
+        }
+    }
+
+    #[test]
     fn no_block_is_reused_before_earlier_work_legacy_cache((actions, seed) in program()) {
         // With only blocking streams, every free keeps its block in the cache.
         let found = violations_of(&allocator(&[("SOMA_LEGACY_CACHE", "on")]), &actions, seed);
@@ -521,7 +547,7 @@ fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
                         pooled += 1;
                         let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
                         let stream = if i % 3 == 0 { Stream::LEGACY } else { own };
-                        gpu.launch(stream, touch);
+                        shim.launch(gpu, stream, Some(touch));
                         gpu.program_freed(touch);
                         Shim::free(shim, gpu, ptr);
                     }
@@ -559,7 +585,7 @@ fn a_stream_made_after_a_barrier_waits_for_the_work_before_its_frees() {
         Shim::stream_created(&shim, &gpu, first);
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         let old = Touch { ptr, generation: gpu.next_generation(ptr) };
-        gpu.launch(first, old); // runs only when the GPU is drained
+        shim.launch(&gpu, first, Some(old)); // runs only when the GPU is drained
         gpu.program_freed(old);
         Shim::free(&shim, &gpu, ptr);
         // The host waits for the legacy stream here, before any barrier.
@@ -570,7 +596,7 @@ fn a_stream_made_after_a_barrier_waits_for_the_work_before_its_frees() {
         Shim::stream_created(&shim, &gpu, late);
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         assert_eq!(again, ptr, "seed {seed}: the barrier's block comes back from the cache");
-        gpu.launch(late, Touch { ptr, generation: gpu.next_generation(ptr) });
+        shim.launch(&gpu, late, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
         gpu.drain();
         assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
         for p in [other, again] {
@@ -582,20 +608,26 @@ fn a_stream_made_after_a_barrier_waits_for_the_work_before_its_frees() {
 /// The old owner's work on `stream` (behind eight other ops, so that it runs
 /// late), then its `cudaFreeAsync` of `ptr` there.
 fn program_frees_late(shim: &Allocator, gpu: &SimGpu, ptr: u64, stream: Stream) -> Touch {
-    let old = Touch { ptr, generation: gpu.next_generation(ptr) };
-    for _ in 0..8 {
-        gpu.launch(stream, Touch { ptr: 0xdead, generation: 1 });
-    }
-    gpu.launch(stream, old);
+    let old = program_works_late(shim, gpu, ptr, stream);
     gpu.program_freed_on(old, stream);
     Shim::free_async(shim, gpu, ptr, stream);
     old
 }
 
+/// The owner's work with `ptr` on `stream`, behind eight other ops.
+fn program_works_late(shim: &Allocator, gpu: &SimGpu, ptr: u64, stream: Stream) -> Touch {
+    let work = Touch { ptr, generation: gpu.next_generation(ptr) };
+    for _ in 0..8 {
+        shim.launch(gpu, stream, Some(Touch { ptr: 0xdead, generation: 1 }));
+    }
+    shim.launch(gpu, stream, Some(work));
+    work
+}
+
 /// `ptr`, handed out again, used on `stream`: whether the GPU, run to the
 /// end, ran that before the old owner's work.
-fn reused_early(gpu: &SimGpu, ptr: u64, stream: Stream) -> bool {
-    gpu.launch(stream, Touch { ptr, generation: gpu.next_generation(ptr) });
+fn reused_early(shim: &impl Shim, gpu: &SimGpu, ptr: u64, stream: Stream) -> bool {
+    shim.launch(gpu, stream, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
     gpu.drain();
     !gpu.violations().early_reuse.is_empty()
 }
@@ -638,7 +670,7 @@ fn a_program_free_joined_into_the_legacy_stream_is_not_reused_there_early() {
         gpu.record(joined, x).expect("recorded");
         gpu.wait_event(Stream::LEGACY, joined).expect("waited");
         let again = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
-        assert!(again != p || !reused_early(&gpu, p, y), "seed {seed}: {:?}", gpu.violations());
+        assert!(again != p || !reused_early(&shim, &gpu, p, y), "seed {seed}: {:?}", gpu.violations());
     }
 }
 
@@ -647,19 +679,22 @@ fn a_program_free_joined_into_the_legacy_stream_is_not_reused_there_early() {
 /// non-blocking stream must wait for the work before it first. (Found by
 /// review.) Both shapes of barrier: through the join stream (a non-blocking
 /// stream is busy; the free lands once the legacy stream waits) and on the
-/// legacy stream itself (all idle; the free lands between the streams' waits).
+/// legacy stream itself (all idle; the free lands between the streams' waits,
+/// which only untracked streams have: tracked ones wait at their next work).
 #[test]
 fn a_program_free_during_a_barrier_is_ordered() {
-    for (seed, busy) in (0..16).flat_map(|seed| [(seed, true), (seed, false)]) {
+    let shapes = [(true, "1"), (true, "0"), (false, "0")];
+    for (seed, (busy, track)) in (0..16).flat_map(|seed| shapes.map(|shape| (seed, shape))) {
         let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(seed, CAPACITY)));
-        let shim: &'static Allocator = Box::leak(Box::new(allocator(&[("SOMA_PENDING_FREE_LIMIT", "0")])));
+        let settings = [("SOMA_PENDING_FREE_LIMIT", "0"), ("SOMA_TRACK_WORK", track)];
+        let shim: &'static Allocator = Box::leak(Box::new(allocator(&settings)));
         let (x, y) = (gpu.program_stream(true), gpu.program_stream(true));
         Shim::stream_created(shim, gpu, x);
         Shim::stream_created(shim, gpu, y);
         let p = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
         let q = Shim::malloc(shim, gpu, MIB).expect("pooled");
         if busy {
-            gpu.launch(x, Touch { ptr: 0xdead, generation: 1 });
+            shim.launch(gpu, x, Some(Touch { ptr: 0xdead, generation: 1 }));
         }
         Shim::free(shim, gpu, q);
         let landed = std::sync::Arc::new(AtomicBool::new(false));
@@ -673,42 +708,54 @@ fn a_program_free_during_a_barrier_is_ordered() {
             }),
         ));
         let _ordered = Shim::malloc(shim, gpu, 3 * MIB).expect("pooled"); // orders q behind a barrier
-        assert!(landed.load(Ordering::SeqCst), "seed {seed}, busy {busy}: the free did not land mid-barrier");
+        assert!(
+            landed.load(Ordering::SeqCst),
+            "seed {seed}, busy {busy}, track {track}: the free did not land mid-barrier"
+        );
         let again = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
-        assert!(again != p || !reused_early(gpu, p, y), "seed {seed}: {:?}", gpu.violations());
+        assert!(again != p || !reused_early(shim, gpu, p, y), "seed {seed}: {:?}", gpu.violations());
     }
 }
 
 /// With every non-blocking stream idle, a barrier is one event recorded on
 /// the legacy stream and a wait for it on each non-blocking stream: the
 /// legacy stream waits for nothing (no round trip through the join stream on
-/// the GPU). A busy stream brings the join stream back.
+/// the GPU). A busy stream brings the join stream back. With their work
+/// tracked, the streams are not asked (none has work not seen finished but
+/// the busy one), and each waits only just before its next work.
 #[test]
 fn a_barrier_over_idle_streams_is_one_record_on_the_legacy_stream() {
-    for busy in [false, true] {
+    for (busy, track) in [(false, "0"), (true, "0"), (false, "1"), (true, "1")] {
         let gpu = SimGpu::new(3, CAPACITY);
-        let shim = allocator(&[("SOMA_FREE_ORDER", "barrier")]);
+        let shim = allocator(&[("SOMA_FREE_ORDER", "barrier"), ("SOMA_TRACK_WORK", track)]);
         let streams: Vec<Stream> = (0..8).map(|_| gpu.program_stream(true)).collect();
         for &stream in &streams {
             Shim::stream_created(&shim, &gpu, stream);
         }
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        gpu.launch(Stream::LEGACY, Touch { ptr, generation: gpu.next_generation(ptr) });
+        shim.launch(&gpu, Stream::LEGACY, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
         if busy {
-            gpu.launch(streams[0], Touch { ptr: 0xdead, generation: 1 });
+            shim.launch(&gpu, streams[0], Some(Touch { ptr: 0xdead, generation: 1 }));
         }
         Shim::free(&shim, &gpu, ptr);
-        let before = (gpu.calls("record"), gpu.calls("wait_event"));
+        let before = (gpu.calls("record"), gpu.calls("wait_event"), gpu.calls("is_idle"));
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled"); // orders the free behind a barrier
-        let made = (gpu.calls("record") - before.0, gpu.calls("wait_event") - before.1);
-        let expected = if busy {
-            (3, 2 + 8 + 1) // the legacy and the busy stream's records, done; the join stream's waits, the streams', the legacy stream's
-        } else {
-            (1, 8)
+        let made =
+            (gpu.calls("record") - before.0, gpu.calls("wait_event") - before.1, gpu.calls("is_idle") - before.2);
+        // The legacy and the busy stream's records, done; the join stream's
+        // waits, the streams' (untracked), the legacy stream's.
+        let expected = match (busy, track) {
+            (false, "0") => (1, 8, 8),
+            (true, "0") => (3, 2 + 8 + 1, 8),
+            (false, _) => (1, 0, 0),
+            (true, _) => (3, 2 + 1, 1),
         };
-        assert_eq!(made, expected, "busy {busy}: (records, waits) of one barrier");
-        assert_eq!(again, ptr, "busy {busy}: reused at once");
-        assert!(!reused_early(&gpu, ptr, streams[1]), "busy {busy}: {:?}", gpu.violations());
+        assert_eq!(made, expected, "busy {busy}, track {track}: (records, waits, streams asked) of one barrier");
+        assert_eq!(again, ptr, "busy {busy}, track {track}: reused at once");
+        let waits = gpu.calls("wait_event");
+        assert!(!reused_early(&shim, &gpu, ptr, streams[1]), "busy {busy}, track {track}: {:?}", gpu.violations());
+        let owed = if track == "1" { 1 } else { 0 };
+        assert_eq!(gpu.calls("wait_event") - waits, owed, "track {track}: the stream's wait at its next work");
     }
 }
 
@@ -740,7 +787,7 @@ fn a_program_free_before_barrier_order_moves_to_the_legacy_stream_is_ordered() {
         let q = Shim::malloc(shim, gpu, MIB).expect("pooled");
         Shim::free(shim, gpu, q); // barrier order: allocations move to the legacy stream
         let again = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
-        assert!(again != p || !reused_early(gpu, p, y), "seed {seed}: {:?}", gpu.violations());
+        assert!(again != p || !reused_early(shim, gpu, p, y), "seed {seed}: {:?}", gpu.violations());
     }
 }
 
@@ -759,7 +806,7 @@ fn frees_cost_no_driver_call_and_passed_blocks_come_back_without_one() {
             Shim::stream_created(&shim, &gpu, stream);
         }
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        gpu.launch(Stream::LEGACY, Touch { ptr, generation: gpu.next_generation(ptr) });
+        shim.launch(&gpu, Stream::LEGACY, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
         let before = gpu.work_calls();
         Shim::free(&shim, &gpu, ptr);
         calls_per_free.push(gpu.work_calls() - before);
@@ -799,7 +846,7 @@ fn small_blocks_have_a_pool_and_a_cache_budget_of_their_own() {
         let own_pool = small_blocks != "0";
         assert_eq!(gpu.pool_of(small[0]) != gpu.pool_of(large), own_pool, "{small_blocks}: pools");
         for &ptr in small.iter().chain([&large]) {
-            gpu.launch(stream, Touch { ptr, generation: gpu.next_generation(ptr) });
+            shim.launch(&gpu, stream, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
             Shim::free(&shim, &gpu, ptr);
         }
         gpu.drain();
@@ -816,7 +863,7 @@ fn small_blocks_have_a_pool_and_a_cache_budget_of_their_own() {
             assert_eq!(from_cache, 0, "one budget: the oldest, the small blocks, went back to the pool first");
         }
         for ptr in again.into_iter().chain([other, other2]) {
-            assert!(!reused_early(&gpu, ptr, stream), "{small_blocks}: {:?}", gpu.violations());
+            assert!(!reused_early(&shim, &gpu, ptr, stream), "{small_blocks}: {:?}", gpu.violations());
             Shim::free(&shim, &gpu, ptr);
         }
     }
@@ -837,7 +884,7 @@ fn past_the_pending_limit_device_frees_are_reused_at_once_and_host_frees_waited_
         for i in 0..20 {
             let ptr = shim.alloc(&gpu, gpu.context(), MIB, 0, memory).expect("pooled");
             let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
-            gpu.launch(stream, touch); // never run until a wait forces it
+            shim.launch(&gpu, stream, Some(touch)); // never run until a wait forces it
             gpu.program_freed(touch);
             let kind = if memory.is_host() { MemoryKind::Host } else { MemoryKind::Device };
             assert!(matches!(shim.free(&gpu, ptr, kind), Freed::Issued { .. }));
@@ -882,7 +929,7 @@ fn a_block_kept_in_the_legacy_streams_order_comes_back_without_a_driver_call_and
         let (first, second) = (gpu.program_stream(false), gpu.program_stream(false));
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
-        gpu.launch(first, touch);
+        shim.launch(&gpu, first, Some(touch));
         gpu.program_freed(touch);
         let before = gpu.work_calls();
         Shim::free(&shim, &gpu, ptr);
@@ -890,7 +937,7 @@ fn a_block_kept_in_the_legacy_streams_order_comes_back_without_a_driver_call_and
         let before = gpu.work_calls();
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         assert_eq!((again, gpu.work_calls()), (ptr, before), "seed {seed}: the kept block, with no driver call");
-        gpu.launch(second, Touch { ptr, generation: gpu.next_generation(ptr) });
+        shim.launch(&gpu, second, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
         gpu.drain();
         assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
         let device = shim.stats.device(0);
@@ -913,7 +960,7 @@ fn a_kept_block_is_not_reused_past_a_stream_that_missed_its_mark() {
         let blocking = gpu.program_stream(false);
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
-        gpu.launch(blocking, touch);
+        shim.launch(&gpu, blocking, Some(touch));
         gpu.program_freed(touch);
         Shim::free(&shim, &gpu, ptr);
         gpu.fail_legacy_records.store(true, Ordering::Relaxed);
@@ -921,8 +968,102 @@ fn a_kept_block_is_not_reused_past_a_stream_that_missed_its_mark() {
         Shim::stream_created(&shim, &gpu, nonblocking);
         gpu.fail_legacy_records.store(false, Ordering::Relaxed);
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        gpu.launch(nonblocking, Touch { ptr: again, generation: gpu.next_generation(again) });
+        shim.launch(&gpu, nonblocking, Some(Touch { ptr: again, generation: gpu.next_generation(again) }));
         gpu.drain();
         assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
     }
+}
+
+/// Tracked streams: one found busy at a join is asked again at the next,
+/// though it had no work since, because its old work may still use a block
+/// of the later batch (one seen idle with no work since is not asked).
+#[test]
+fn a_stream_busy_at_one_join_is_asked_again_at_the_next() {
+    for seed in 0..16 {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[]);
+        let (busy, other) = (gpu.program_stream(true), gpu.program_stream(true));
+        Shim::stream_created(&shim, &gpu, busy);
+        Shim::stream_created(&shim, &gpu, other);
+        let (x, y) = (Shim::malloc(&shim, &gpu, MIB).expect("pooled"), Shim::malloc(&shim, &gpu, MIB).expect("pooled"));
+        for _ in 0..8 {
+            shim.launch(&gpu, busy, Some(Touch { ptr: 0xdead, generation: 1 }));
+        }
+        let old = Touch { ptr: y, generation: gpu.next_generation(y) };
+        shim.launch(&gpu, busy, Some(Touch { ptr: x, generation: gpu.next_generation(x) }));
+        shim.launch(&gpu, busy, Some(old));
+        Shim::free(&shim, &gpu, x);
+        let _first_join = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
+        gpu.program_freed(old);
+        Shim::free(&shim, &gpu, y);
+        let asked = gpu.calls("is_idle");
+        let _second_join = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
+        assert_eq!(gpu.calls("is_idle") - asked, 1, "seed {seed}: the busy stream is asked, the other not");
+        gpu.synchronize_stream(Stream::LEGACY).expect("synchronized");
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        assert!(again != y || !reused_early(&shim, &gpu, y, other), "seed {seed}: {:?}", gpu.violations());
+    }
+}
+
+/// Work issued where the shim's hooks do not see it is not ordered: a
+/// stream seen idle is not asked again, and a stream owing a barrier's wait
+/// is not made to wait. The checks catch both (so the hooks must cover
+/// every call that issues work: scripts/check_work_entry_points.py).
+#[test]
+fn work_the_hooks_do_not_see_is_caught() {
+    let mut caught = [0; 2];
+    for (seed, hooked) in (0..16).flat_map(|seed| [(seed, true), (seed, false)]) {
+        let launch = |shim: &Allocator, gpu: &SimGpu, stream: Stream, touch: Touch| {
+            if hooked {
+                shim.launch(gpu, stream, Some(touch));
+            } else {
+                gpu.launch(stream, touch);
+            }
+        };
+        // A stream seen idle at a join, then work there the hooks miss.
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[]);
+        let (seen, other) = (gpu.program_stream(true), gpu.program_stream(true));
+        Shim::stream_created(&shim, &gpu, seen);
+        Shim::stream_created(&shim, &gpu, other);
+        let x = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        shim.launch(&gpu, seen, Some(Touch { ptr: x, generation: gpu.next_generation(x) }));
+        gpu.drain();
+        Shim::free(&shim, &gpu, x);
+        let _joined = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled"); // asks `seen`: idle
+        let y = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
+        for _ in 0..8 {
+            launch(&shim, &gpu, seen, Touch { ptr: 0xdead, generation: 1 });
+        }
+        let old = Touch { ptr: y, generation: gpu.next_generation(y) };
+        launch(&shim, &gpu, seen, old);
+        gpu.program_freed(old);
+        Shim::free(&shim, &gpu, y);
+        let _joined_again = Shim::malloc(&shim, &gpu, 4 * MIB).expect("pooled");
+        gpu.synchronize_stream(Stream::LEGACY).expect("synchronized");
+        let again = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
+        let early = again == y && reused_early(&shim, &gpu, y, other);
+        assert!(!(hooked && early), "seed {seed}: {:?}", gpu.violations());
+        caught[0] += usize::from(early);
+
+        // A barrier's wait owed by a stream whose next work the hooks miss.
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[("SOMA_FREE_ORDER", "barrier")]);
+        let (first, second) = (gpu.program_stream(true), gpu.program_stream(true));
+        Shim::stream_created(&shim, &gpu, first);
+        Shim::stream_created(&shim, &gpu, second);
+        let x = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        let old = program_works_late(&shim, &gpu, x, first);
+        gpu.program_freed(old);
+        Shim::free(&shim, &gpu, x);
+        let _barrier = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        assert_eq!(again, x, "seed {seed}: the barrier's block comes back at once");
+        launch(&shim, &gpu, second, Touch { ptr: x, generation: gpu.next_generation(x) });
+        gpu.drain();
+        let early = !gpu.violations().early_reuse.is_empty();
+        assert!(!(hooked && early), "seed {seed}: {:?}", gpu.violations());
+        caught[1] += usize::from(early);
+    }
+    assert!(caught.iter().all(|&c| c > 0), "missed work caught in {caught:?} of 16 seeds");
 }

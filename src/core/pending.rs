@@ -42,29 +42,23 @@ use std::time::{Duration, Instant};
 
 use super::locks::{lock, try_lock};
 use super::ptrmap::PointerMap;
+use super::streams::{Observer, Predecessors};
 use crate::cuda::gpu::{CuResult, Event, Gpu, Stream};
 
 /// How long the cache keeps a block nobody asked for before the pool gets it.
 const CACHE_AGE: Duration = Duration::from_secs(1);
-
-/// The streams a join must wait for, besides the legacy stream.
-pub struct Predecessors<'a> {
-    pub nonblocking: &'a [Stream],
-    /// Last work of destroyed streams that may still run.
-    pub tails: &'a [Event],
-}
 
 struct Block {
     ptr: u64,
     size: u64,
 }
 
-/// A join's done event, and whether it was recorded on the legacy stream
-/// itself (no non-blocking stream was busy and no tail remained) rather
-/// than on the join stream.
+/// How a join was recorded: on the legacy stream itself (no non-blocking
+/// stream was busy and no tail remained) or on the join stream, and how
+/// many non-blocking streams it asked.
 struct Joined {
-    done: Event,
     on_legacy_stream: bool,
+    asked: usize,
 }
 
 /// Queued blocks taken to be ordered as one batch (`take_queued`).
@@ -100,6 +94,9 @@ pub struct PendingFrees {
     /// Blocks of at most this many bytes are small: they come from a pool of
     /// their own, and in the cache they have a budget of their own (0: none).
     small_blocks: u64,
+    /// Which of the context's pools these frees are of, as streams tell
+    /// each pool apart (`StreamWork`).
+    observer: Observer,
     queued: Mutex<Vec<Block>>,
     /// In the order of their done events on the join stream.
     joined: Mutex<VecDeque<Batch>>,
@@ -125,8 +122,8 @@ pub struct Reclaiming {
 
 impl PendingFrees {
     /// Frees of a device whose blocks of at most `small_blocks` bytes are small.
-    pub fn new(small_blocks: u64) -> PendingFrees {
-        PendingFrees { small_blocks, ..PendingFrees::default() }
+    pub fn new(small_blocks: u64, observer: Observer) -> PendingFrees {
+        PendingFrees { small_blocks, observer, ..PendingFrees::default() }
     }
 
     /// Whether a block of `size` bytes is small (see `small_blocks`).
@@ -208,14 +205,29 @@ impl PendingFrees {
     /// far on the legacy stream, on `after`'s streams and for its tails, and
     /// records the batch's done event. The device's context must be current,
     /// no stream may be capturing, and `after` must stay the device's streams
-    /// until this returns.
-    pub fn join(&self, r: &mut Reclaiming, driver: &impl Gpu, join_stream: Stream, after: &Predecessors, queued: Queued) -> CuResult<()> {
+    /// until this returns. How many streams were asked.
+    pub fn join(
+        &self,
+        r: &mut Reclaiming,
+        driver: &impl Gpu,
+        join_stream: Stream,
+        after: &Predecessors,
+        queued: Queued,
+    ) -> CuResult<usize> {
         let Queued(blocks) = queued;
         let bytes = blocks.iter().map(|b| b.size).sum();
-        match self.record_join(r, driver, join_stream, after) {
-            Ok(Joined { done, .. }) => {
+        let joined =
+            take_event(r, driver).and_then(|done| match self.record_join(r, driver, join_stream, after, done) {
+                Ok(joined) => Ok((done, joined)),
+                Err(e) => {
+                    r.spare_events.push(done);
+                    Err(e)
+                }
+            });
+        match joined {
+            Ok((done, Joined { asked, .. })) => {
                 lock(&self.joined).push_back(Batch { blocks, bytes, done });
-                Ok(())
+                Ok(asked)
             }
             Err(e) => {
                 // Not ordered: the blocks go back to the queue for the next join.
@@ -227,48 +239,62 @@ impl PendingFrees {
 
     /// Records `done` after the work issued so far on the legacy stream (its
     /// record also covers the blocking streams' work), on `after`'s busy
-    /// streams and for its tails.
-    fn record_join(&self, r: &mut Reclaiming, driver: &impl Gpu, join_stream: Stream, after: &Predecessors) -> CuResult<Joined> {
+    /// streams and for its tails. A tracked stream is asked only if it may
+    /// run work not seen finished: one seen idle with no work since has
+    /// finished everything before the batch's frees.
+    fn record_join(
+        &self,
+        r: &mut Reclaiming,
+        driver: &impl Gpu,
+        join_stream: Stream,
+        after: &Predecessors,
+        done: Event,
+    ) -> CuResult<Joined> {
+        let mut asked = 0;
         // A non-blocking stream found idle has finished the work before the
         // batch's frees: nothing to wait for (one call instead of two).
-        let busy: Vec<Stream> = after.nonblocking.iter().copied().filter(|stream| !driver.is_idle(*stream)).collect();
-        let done = take_event(r, driver)?;
-        if busy.is_empty() && after.tails.is_empty() {
+        let busy: Vec<Stream> = after
+            .nonblocking
+            .iter()
+            .filter(|live| {
+                let unsettled = match &live.work {
+                    Some(work) => work.unsettled(self.observer),
+                    None => Some(0),
+                };
+                let Some(issued) = unsettled else {
+                    return false;
+                };
+                asked += 1;
+                let idle = driver.is_idle(live.stream);
+                if let (true, Some(work)) = (idle, &live.work) {
+                    work.found_idle(self.observer, issued);
+                }
+                !idle
+            })
+            .map(|live| live.stream)
+            .collect();
+        let on_legacy_stream = if busy.is_empty() && after.tails.is_empty() {
             // Only the legacy stream's work may still run: an event there
             // covers it, with no hop through the join stream on the GPU.
-            return match driver.record(done, Stream::LEGACY) {
-                Ok(()) => Ok(Joined { done, on_legacy_stream: true }),
-                Err(e) => {
-                    r.spare_events.push(done);
-                    Err(e)
+            driver.record(done, Stream::LEGACY)?;
+            true
+        } else {
+            let scratch = take_event(r, driver)?;
+            let recorded = (|| {
+                for stream in std::iter::once(Stream::LEGACY).chain(busy) {
+                    driver.record(scratch, stream)?;
+                    driver.wait_event(join_stream, scratch)?;
                 }
-            };
-        }
-        let scratch = match take_event(r, driver) {
-            Ok(scratch) => scratch,
-            Err(e) => {
-                r.spare_events.push(done);
-                return Err(e);
-            }
+                for tail in after.tails {
+                    driver.wait_event(join_stream, *tail)?;
+                }
+                driver.record(done, join_stream)
+            })();
+            r.spare_events.push(scratch);
+            recorded?;
+            false
         };
-        let recorded = (|| {
-            for stream in std::iter::once(Stream::LEGACY).chain(busy) {
-                driver.record(scratch, stream)?;
-                driver.wait_event(join_stream, scratch)?;
-            }
-            for tail in after.tails {
-                driver.wait_event(join_stream, *tail)?;
-            }
-            driver.record(done, join_stream)
-        })();
-        r.spare_events.push(scratch);
-        match recorded {
-            Ok(()) => Ok(Joined { done, on_legacy_stream: false }),
-            Err(e) => {
-                r.spare_events.push(done);
-                Err(e)
-            }
-        }
+        Ok(Joined { on_legacy_stream, asked })
     }
 
     /// Orders the `queued` blocks behind a barrier on the GPU, as the real
@@ -279,15 +305,19 @@ impl PendingFrees {
     /// runs after the work before its free: the legacy stream and the
     /// blocking streams behind it, the non-blocking streams of `after`, and
     /// streams made later (they wait for the legacy stream's work,
-    /// `Device::leave_legacy_stream`). The legacy stream is ordered after the
-    /// non-blocking streams last: from then on the pool may hand out there a
-    /// block the program freed on one of them (event dependencies), and every
-    /// non-blocking stream already waits for that free, so no allocation
-    /// needs to be held off meanwhile. With no busy non-blocking stream and
-    /// no tail, the event is recorded on the legacy stream itself, and only
-    /// `after`'s streams wait for it. The device's context must be current,
-    /// no stream may be capturing, and `after` must stay the device's streams
-    /// until this returns.
+    /// `Device::leave_legacy_stream`). A tracked stream waits just before
+    /// its next work instead (`StreamWork::owed_barrier`), so the barrier
+    /// costs no call on a stream the program does not use meanwhile. The
+    /// legacy stream is ordered after the untracked non-blocking streams
+    /// last: from then on the pool may hand out there a block the program
+    /// freed on one of them (event dependencies), and every such stream
+    /// already waits for that free, so no allocation needs to be held off
+    /// meanwhile (a tracked stream waits before any work that could use the
+    /// block). With no busy non-blocking stream and no tail, the event is
+    /// recorded on the legacy stream itself, and only `after`'s streams wait
+    /// for it. The device's context must be current, no stream may be
+    /// capturing, and `after` must stay the device's streams until this
+    /// returns. How many streams were asked.
     pub fn order_behind_barrier(
         &self,
         r: &mut Reclaiming,
@@ -295,23 +325,55 @@ impl PendingFrees {
         join_stream: Stream,
         after: &Predecessors,
         queued: Queued,
-    ) -> CuResult<()> {
+    ) -> CuResult<usize> {
         let Queued(blocks) = queued;
-        let ordered = self.record_join(r, driver, join_stream, after).and_then(|Joined { done, on_legacy_stream }| {
-            // Recorded on the legacy stream, it is behind `done` already.
-            let legacy = (!on_legacy_stream).then_some(&Stream::LEGACY);
-            let waited = after.nonblocking.iter().chain(legacy).try_for_each(|stream| driver.wait_event(*stream, done));
-            r.spare_events.push(done); // a wait binds to the record it saw
-            waited
-        });
-        if let Err(e) = ordered {
+        let ordered = self.record_barrier(r, driver, join_stream, after);
+        if ordered.is_err() {
             // Not ordered: the blocks go back to the queue for the next batch.
             lock(&self.queued).extend(blocks);
-            return Err(e);
+            return ordered;
         }
         let bytes = blocks.iter().map(|b| b.size).sum();
         self.cache_pending(blocks, bytes, true);
-        Ok(())
+        ordered
+    }
+
+    fn record_barrier(
+        &self,
+        r: &mut Reclaiming,
+        driver: &impl Gpu,
+        join_stream: Stream,
+        after: &Predecessors,
+    ) -> CuResult<usize> {
+        let tracked = after.barriers.filter(|_| after.nonblocking.iter().any(|live| live.work.is_some()));
+        // Tracked streams wait for the context's barrier event, which keeps
+        // its latest record; the others for an event of the batch's own.
+        let done = match tracked {
+            Some(barriers) => match barriers.event() {
+                Some(event) => event,
+                None => {
+                    let event = take_event(r, driver)?;
+                    barriers.set_event(event);
+                    event
+                }
+            },
+            None => take_event(r, driver)?,
+        };
+        let ordered =
+            self.record_join(r, driver, join_stream, after, done).and_then(|Joined { on_legacy_stream, asked }| {
+                // Recorded on the legacy stream, it is behind `done` already.
+                let legacy = (!on_legacy_stream).then_some(Stream::LEGACY);
+                let untracked = after.nonblocking.iter().filter(|live| live.work.is_none()).map(|live| live.stream);
+                untracked.chain(legacy).try_for_each(|stream| driver.wait_event(stream, done))?;
+                if let Some(barriers) = tracked {
+                    barriers.published();
+                }
+                Ok(asked)
+            });
+        if tracked.is_none() {
+            r.spare_events.push(done); // a wait binds to the record it saw
+        }
+        ordered
     }
 
     /// Moves every batch the GPU has passed into the cache. Its blocks stay
@@ -501,7 +563,7 @@ mod tests {
     #[test]
     fn a_small_block_on_its_way_to_the_pool_counts_toward_the_bound() {
         let map = PointerMap::default();
-        let pending = PendingFrees::new(4);
+        let pending = PendingFrees::new(4, Observer::Device);
         pending.queue(1, 2);
         let block = lock(&pending.queued).pop().expect("queued");
         pending.cache_pending(vec![block], 2, false);

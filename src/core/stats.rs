@@ -35,6 +35,9 @@ pub struct DeviceCounters {
     /// busy ones, a barrier's waits; not the returns to the pool), by
     /// whichever thread did it.
     pub batch_nanos: AtomicU64,
+    /// Non-blocking streams the batches asked (a tracked stream seen idle
+    /// with no work since is not asked again).
+    pub streams_asked: AtomicU64,
     /// Times an allocation waited on the host for pending frees of pinned
     /// host memory (`SOMA_PENDING_FREE_LIMIT`).
     pub pending_waits: AtomicU64,
@@ -139,6 +142,8 @@ pub struct Stats {
     passed_bytes: [AtomicU64; REASONS.len()],
     /// Frees of pointers the pool did not give out.
     pub passed_frees: AtomicU64,
+    /// Barrier waits issued on a stream just before its next work.
+    pub waits_before_work: AtomicU64,
     pub alloc_time: Timing,
     pub free_time: Timing,
     pub host_alloc_time: Timing,
@@ -153,6 +158,7 @@ impl Default for Stats {
             passed_allocs: std::array::from_fn(|_| AtomicU64::new(0)),
             passed_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             passed_frees: AtomicU64::new(0),
+            waits_before_work: AtomicU64::new(0),
             alloc_time: Timing::default(),
             free_time: Timing::default(),
             host_alloc_time: Timing::default(),
@@ -255,6 +261,8 @@ impl Stats {
             count(&mut out, "batches past the limit", d.limit_barriers.load(Relaxed));
             if batches > 0 {
                 count(&mut out, "non-blocking streams, most", d.batch_streams_high.load(Relaxed));
+                let asked = d.streams_asked.load(Relaxed) as f64 / batches as f64;
+                let _ = writeln!(out, "  {:<28}{asked:>12.1}", "streams asked per batch");
                 let us = d.batch_nanos.load(Relaxed) as f64 / batches as f64 / 1000.0;
                 let _ = writeln!(out, "  {:<28}{us:>9.2} us", "host time ordering a batch");
             }
@@ -280,6 +288,11 @@ impl Stats {
         }
         if !any {
             out.push_str("  nothing\n");
+        }
+        let waits = self.waits_before_work.load(Relaxed);
+        if waits > 0 {
+            out.push_str("streams\n");
+            count(&mut out, "barrier waits before work", waits);
         }
         out.push_str("host time per call\n");
         for (name, timing) in [
@@ -377,7 +390,11 @@ mod tests {
         d.batches.fetch_add(2, Relaxed);
         raise_peak(&d.batch_streams_high, 131);
         add_saturating(&d.batch_nanos, 900_000);
-        let report = stats.report(7, 0, |d, host| (d == 1 && !host).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 }));
+        add_saturating(&d.streams_asked, 5);
+        stats.waits_before_work.fetch_add(4, Relaxed);
+        let report = stats.report(7, 0, |d, host| {
+            (d == 1 && !host).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 })
+        });
         assert!(report.starts_with("somashim statistics (pid 7)\n"), "{report}");
         assert!(report.contains("device 1\n"), "{report}");
         assert!(!report.contains("\ndevice 0\n"), "idle devices are left out: {report}");
@@ -389,6 +406,8 @@ mod tests {
         assert!(report.contains("1.50 us"), "{report}");
         assert!(report.contains("  non-blocking streams, most           131\n"), "{report}");
         assert!(report.contains("  host time ordering a batch     450.00 us\n"), "{report}");
+        assert!(report.contains("  streams asked per batch              2.5\n"), "{report}");
+        assert!(report.contains("streams\n  barrier waits before work              4\n"), "{report}");
         assert!(!report.contains("trace incomplete"), "{report}");
         assert!(stats.report(7, 12, |_, _| None).ends_with("trace incomplete: 12 rows lost (writing it failed)\n"));
     }

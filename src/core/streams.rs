@@ -1,14 +1,27 @@
 //! The streams every free must be ordered after, per context: the live
 //! non-blocking streams and the last work of destroyed ones, and the key
 //! under which a stream capture is tracked.
+//!
+//! Where the front door sees every driver call that issues work on a stream
+//! (`front/work.rs`), each live non-blocking stream also carries its
+//! `StreamWork`: an ordering asks only the streams that may still run work
+//! it has not seen finish, and a barrier's wait is issued on a stream just
+//! before its next work instead of on every stream at once. Both make an
+//! ordering cost follow the streams in use, not the streams alive.
 
-use super::pending::Predecessors;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use crate::cuda::gpu::{Context, Event, Stream};
 
 /// Per context: the streams every free there must wait for.
 #[derive(Default)]
 pub struct StreamRegistry {
     contexts: Vec<(Context, ContextStreams)>,
+    /// Every tracked live stream by handle, for the hooks on work.
+    work: HashMap<usize, Arc<StreamWork>, BuildHasherDefault<HandleHasher>>,
     /// Contexts forgotten so far (resets): a tail seen before one may be
     /// gone after it, and its handle reused by a new event.
     pub forgotten: u64,
@@ -17,9 +30,114 @@ pub struct StreamRegistry {
 #[derive(Default)]
 pub struct ContextStreams {
     /// Live non-blocking streams.
-    pub nonblocking: Vec<Stream>,
+    pub nonblocking: Vec<LiveStream>,
     /// Events recorded as the last work of destroyed non-blocking streams.
     pub tails: Vec<Event>,
+    /// The barriers ordered in this context, which tracked streams wait for
+    /// at their next work.
+    pub barriers: Arc<Barriers>,
+}
+
+/// The streams a join must wait for, besides the legacy stream.
+pub struct Predecessors<'a> {
+    pub nonblocking: &'a [LiveStream],
+    /// Last work of destroyed streams that may still run.
+    pub tails: &'a [Event],
+    /// The context's barriers (None: no stream was registered there).
+    pub barriers: Option<&'a Barriers>,
+}
+
+/// A live non-blocking stream, and what is known of its work if tracked.
+pub struct LiveStream {
+    pub stream: Stream,
+    pub work: Option<Arc<StreamWork>>,
+}
+
+/// What the hooks on work tell the ordering about one stream.
+pub struct StreamWork {
+    /// Calls that issued work on the stream so far, counted after each call.
+    issued: AtomicU64,
+    /// Per pool of the context (`Observer`): `issued` when that pool's
+    /// ordering last found the stream idle. Each pool keeps its own, so two
+    /// pools ordering at once cannot hide work from each other.
+    idle_at: [AtomicU64; 2],
+    /// How many of its context's barriers the stream waits for.
+    barriers_waited: AtomicU64,
+    barriers: Arc<Barriers>,
+}
+
+/// Which of a context's pools asks a stream: its device memory, or its
+/// pinned host memory (each orders its frees on its own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Observer {
+    #[default]
+    Device = 0,
+    Host = 1,
+}
+
+/// Barriers of one context: their number, and the event the latest was
+/// recorded into. A wait binds to the event's latest record, which is
+/// behind every earlier barrier too.
+#[derive(Default)]
+pub struct Barriers {
+    count: AtomicU64,
+    /// The event (0 until the first barrier), created once per context.
+    event: AtomicUsize,
+}
+
+impl Barriers {
+    /// The event barriers are recorded into, if one was made.
+    pub fn event(&self) -> Option<Event> {
+        let event = self.event.load(Ordering::Acquire);
+        (event != 0).then_some(Event(event as *mut _))
+    }
+
+    /// Keeps `event` as the one barriers are recorded into.
+    pub fn set_event(&self, event: Event) {
+        self.event.store(event.0 as usize, Ordering::Release);
+    }
+
+    /// A barrier was recorded into the event: every tracked stream owes a
+    /// wait for it before its next work. Called before its blocks can be
+    /// handed out, so a thread that has one sees the count raised.
+    pub fn published(&self) {
+        self.count.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl StreamWork {
+    /// Work was issued on the stream (called after the driver call).
+    pub fn issued(&self) {
+        self.issued.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// If work may have been issued on the stream since `observer` last
+    /// found it idle: the count to pass to `found_idle` if it is idle now
+    /// (read before asking, so work issued meanwhile is asked about next time).
+    pub fn unsettled(&self, observer: Observer) -> Option<u64> {
+        let issued = self.issued.load(Ordering::Acquire);
+        (issued != self.idle_at[observer as usize].load(Ordering::Relaxed)).then_some(issued)
+    }
+
+    /// `observer` found the stream idle after `issued` calls had issued work.
+    pub fn found_idle(&self, observer: Observer, issued: u64) {
+        self.idle_at[observer as usize].store(issued, Ordering::Relaxed);
+    }
+
+    /// The barrier count and event the stream must wait for before its next
+    /// work, if it owes one.
+    pub fn owed_barrier(&self) -> Option<(u64, Event)> {
+        let count = self.barriers.count.load(Ordering::Acquire);
+        if self.barriers_waited.load(Ordering::Acquire) >= count {
+            return None;
+        }
+        self.barriers.event().map(|event| (count, event))
+    }
+
+    /// The stream waited for the event after `count` barriers were recorded.
+    pub fn waited(&self, count: u64) {
+        self.barriers_waited.fetch_max(count, Ordering::AcqRel);
+    }
 }
 
 /// A capture in progress: the stream's handle and, for the per-thread
@@ -36,7 +154,7 @@ pub fn capture_key(stream: Stream) -> CaptureKey {
 
 impl StreamRegistry {
     /// The streams of `context`, registered on first use.
-    pub fn of(&mut self, context: Context) -> &mut ContextStreams {
+    fn of(&mut self, context: Context) -> &mut ContextStreams {
         let index = match self.contexts.iter().position(|(c, _)| *c == context) {
             Some(index) => index,
             None => {
@@ -47,11 +165,50 @@ impl StreamRegistry {
         &mut self.contexts[index].1
     }
 
+    /// Registers the new non-blocking `stream` of `context`, with its work
+    /// tracked if `tracked`. How many streams the context now has.
+    pub fn add(&mut self, context: Context, stream: Stream, tracked: bool) -> usize {
+        let streams = self.of(context);
+        // A new stream owes a wait for the latest barrier, if any: simpler
+        // than proving the legacy stream's mark covers it, and paid once.
+        let work = tracked.then(|| {
+            Arc::new(StreamWork {
+                issued: AtomicU64::new(0),
+                idle_at: [AtomicU64::new(0), AtomicU64::new(0)],
+                barriers_waited: AtomicU64::new(0),
+                barriers: Arc::clone(&streams.barriers),
+            })
+        });
+        streams.nonblocking.push(LiveStream { stream, work: work.clone() });
+        let live = streams.nonblocking.len();
+        if let Some(work) = work {
+            self.work.insert(stream.0 as usize, work);
+        }
+        live
+    }
+
+    /// Forgets the live non-blocking `stream`: its context and streams, if it was one.
+    pub fn remove(&mut self, stream: Stream) -> Option<(Context, &mut ContextStreams)> {
+        self.work.remove(&(stream.0 as usize));
+        let (context, streams) = self.contexts.iter_mut().find(|(_, streams)| streams.holds(stream))?;
+        streams.nonblocking.retain(|live| live.stream != stream);
+        Some((*context, streams))
+    }
+
+    /// The work record of a tracked live stream.
+    pub fn work_of(&self, stream: Stream) -> Option<Arc<StreamWork>> {
+        self.work.get(&(stream.0 as usize)).cloned()
+    }
+
     /// What a free in `context` must be ordered after, besides the legacy stream.
     pub fn predecessors(&self, context: Context) -> Predecessors<'_> {
         match self.streams_of(context) {
-            Some(streams) => Predecessors { nonblocking: &streams.nonblocking, tails: &streams.tails },
-            None => Predecessors { nonblocking: &[], tails: &[] },
+            Some(streams) => Predecessors {
+                nonblocking: &streams.nonblocking,
+                tails: &streams.tails,
+                barriers: Some(&streams.barriers),
+            },
+            None => Predecessors { nonblocking: &[], tails: &[], barriers: None },
         }
     }
 
@@ -60,16 +217,107 @@ impl StreamRegistry {
         self.contexts.iter().find(|(c, _)| *c == context).map(|(_, streams)| streams)
     }
 
-    /// The context holding the live non-blocking `stream`, with its streams.
-    pub fn holding(&mut self, stream: Stream) -> Option<(Context, &mut ContextStreams)> {
-        self.contexts
-            .iter_mut()
-            .find(|(_, streams)| streams.nonblocking.contains(&stream))
-            .map(|(context, streams)| (*context, streams))
+    /// Drops the tails of `context` that `passed` holds.
+    pub fn retire_tails(&mut self, context: Context, passed: &HashSet<Event>) {
+        self.of(context).tails.retain(|tail| !passed.contains(tail));
     }
 
     pub fn forget_context(&mut self, context: Context) {
-        self.contexts.retain(|(c, _)| *c != context);
+        let work = &mut self.work;
+        self.contexts.retain(|(c, streams)| {
+            if *c == context {
+                streams.nonblocking.iter().for_each(|live| _ = work.remove(&(live.stream.0 as usize)));
+            }
+            *c != context
+        });
         self.forgotten += 1;
+    }
+}
+
+impl ContextStreams {
+    fn holds(&self, stream: Stream) -> bool {
+        self.nonblocking.iter().any(|live| live.stream == stream)
+    }
+}
+
+/// Stream handles are addresses: one multiply, its high half folded into
+/// the low bits (which pick the bucket), spreads them at no hashing cost on
+/// the hooks' path.
+#[derive(Default)]
+pub struct HandleHasher(u64);
+
+impl Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        bytes.iter().for_each(|&byte| self.write_usize(self.0 as usize ^ usize::from(byte)));
+    }
+
+    fn write_usize(&mut self, handle: usize) {
+        let product = (handle as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = product ^ (product >> 32);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracked_stream() -> (StreamRegistry, Arc<StreamWork>, Arc<Barriers>) {
+        let mut registry = StreamRegistry::default();
+        let context = Context(8 as *mut _);
+        let stream = Stream(16 as *mut _);
+        registry.add(context, stream, true);
+        let work = registry.work_of(stream).expect("tracked");
+        let barriers = Arc::clone(&registry.streams_of(context).expect("registered").barriers);
+        (registry, work, barriers)
+    }
+
+    #[test]
+    fn each_pool_sees_a_stream_settle_on_its_own() {
+        let (_registry, work, _) = tracked_stream();
+        assert_eq!(work.unsettled(Observer::Device), None, "a new stream has no work");
+        work.issued();
+        let issued = work.unsettled(Observer::Device).expect("work issued");
+        assert!(work.unsettled(Observer::Host).is_some());
+        work.issued(); // while the device pool asks: not covered by its answer
+        work.found_idle(Observer::Device, issued);
+        assert!(work.unsettled(Observer::Device).is_some(), "work issued while asking is asked about next time");
+        let issued = work.unsettled(Observer::Device).expect("unsettled");
+        work.found_idle(Observer::Device, issued);
+        assert_eq!(work.unsettled(Observer::Device), None);
+        assert!(work.unsettled(Observer::Host).is_some(), "the host pool has not seen it idle");
+    }
+
+    #[test]
+    fn a_stream_owes_the_latest_barrier_until_it_waits() {
+        let (_registry, work, barriers) = tracked_stream();
+        assert_eq!(work.owed_barrier(), None, "no barrier yet");
+        let event = Event(32 as *mut _);
+        barriers.set_event(event);
+        barriers.published();
+        assert_eq!(work.owed_barrier(), Some((1, event)));
+        work.waited(1);
+        assert_eq!(work.owed_barrier(), None);
+        barriers.published();
+        barriers.published();
+        assert_eq!(work.owed_barrier(), Some((3, event)), "one wait covers every barrier before it");
+        work.waited(2); // a slower thread's wait does not undo a later one
+        work.waited(3);
+        work.waited(2);
+        assert_eq!(work.owed_barrier(), None);
+    }
+
+    #[test]
+    fn a_forgotten_context_takes_its_streams_out_of_the_hooks_view() {
+        let (mut registry, _, _) = tracked_stream();
+        let context = Context(8 as *mut _);
+        registry.add(context, Stream(24 as *mut _), false);
+        assert!(registry.work_of(Stream(24 as *mut _)).is_none(), "an untracked stream has no record");
+        registry.forget_context(context);
+        assert!(registry.work_of(Stream(16 as *mut _)).is_none());
+        assert!(registry.remove(Stream(16 as *mut _)).is_none());
     }
 }

@@ -38,6 +38,14 @@ pub fn loaded() -> Option<&'static Driver> {
 }
 
 impl Driver {
+    /// The driver's CUDA version (`cuDriverGetVersion`: 13000 for 13.0).
+    pub fn version(&self) -> CuResult<i32> {
+        let mut version: c_int = 0;
+        // SAFETY: one out-pointer to a local.
+        check(unsafe { cu::cuDriverGetVersion(&mut version) })?;
+        Ok(version)
+    }
+
     /// The row alignment of the real `cuMemAllocPitch` on the current
     /// context's device: the pitch it gives a one-byte row. The row stays
     /// allocated (it goes with the context): freeing it would synchronize the
@@ -167,6 +175,14 @@ impl Gpu for Driver {
         // SAFETY: `stream` is live. Any code but success (not ready, or an
         // error) counts as busy.
         unsafe { cu::cuStreamQuery(stream.0) == CUresult::CUDA_SUCCESS as u32 }
+    }
+
+    fn is_capturing(&self, stream: Stream) -> bool {
+        const NONE: c_int = 0; // CU_STREAM_CAPTURE_STATUS_NONE
+        let mut status: c_int = NONE;
+        // SAFETY: `stream` is live; one out-parameter to a local.
+        let rc = unsafe { cu::cuStreamIsCapturing(stream.0, &mut status) };
+        rc == CUresult::CUDA_SUCCESS as u32 && status != NONE
     }
 
     /// `waiter` waits, on the GPU, for the event's most recent record.

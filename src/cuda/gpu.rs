@@ -86,6 +86,11 @@ pub trait Gpu {
     /// Whether all work issued so far to a non-blocking stream has finished
     /// (an error counts as not).
     fn is_idle(&self, stream: Stream) -> bool;
+    /// Whether a capture is in progress on `stream`, or was invalidated
+    /// there and not yet ended (an error counts as not capturing: a wait
+    /// then issued fails as the program's own call would, where skipping it
+    /// could let work run early).
+    fn is_capturing(&self, stream: Stream) -> bool;
     fn stream_context(&self, stream: Stream) -> CuResult<Context>;
     /// `waiter` waits, on the GPU, for the event's most recent record.
     fn wait_event(&self, waiter: Stream, event: Event) -> CuResult<()>;

@@ -15,7 +15,7 @@ use libloading::os::unix::{Library, RTLD_NOW};
 pub const SUCCESS: u32 = 0;
 /// `cudaErrorNotSupported` and `CUDA_ERROR_NOT_SUPPORTED` (both 801): the
 /// program's CUDA lacks the function (an older version).
-const NOT_SUPPORTED: u32 = 801;
+pub(crate) const NOT_SUPPORTED: u32 = 801;
 
 /// `CUipcMemHandle` and `cudaIpcMemHandle_t`: 64 opaque bytes, passed by value.
 #[repr(C)]
@@ -75,7 +75,7 @@ pub fn libcuda() -> Option<*mut c_void> {
     Some(handle)
 }
 
-fn find_in_driver(name: &CStr) -> Option<usize> {
+pub(crate) fn find_in_driver(name: &CStr) -> Option<usize> {
     let symbol = real_dlsym(libcuda()?, name);
     (!symbol.is_null()).then_some(symbol as usize)
 }
@@ -119,7 +119,7 @@ macro_rules! real_functions {
     (find = $find:path; $( $symbol:ident ( $($arg:ident : $ty:ty),* ); )*) => {
         $(
             /// SAFETY: the caller passes what the C function expects.
-            #[allow(non_snake_case)]
+            #[allow(non_snake_case, clippy::too_many_arguments)] // the C function's own
             pub unsafe fn $symbol($($arg: $ty),*) -> u32 {
                 static ADDRESS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
                 let mut address = ADDRESS.load(std::sync::atomic::Ordering::Acquire);
@@ -130,7 +130,7 @@ macro_rules! real_functions {
                     ADDRESS.store(address, std::sync::atomic::Ordering::Release);
                 }
                 if address == 0 {
-                    return super::NOT_SUPPORTED;
+                    return $crate::cuda::real::NOT_SUPPORTED;
                 }
                 // SAFETY: the symbol is the real function with this signature.
                 let f: unsafe extern "C" fn($($ty),*) -> u32 = unsafe { std::mem::transmute(address) };
@@ -139,6 +139,8 @@ macro_rules! real_functions {
         )*
     };
 }
+
+pub(crate) use real_functions;
 
 /// The program's runtime.
 pub mod runtime {
@@ -212,6 +214,7 @@ pub mod driver {
     real_functions! {
         find = find_in_driver;
         cuCtxGetCurrent(ctx: *mut *mut c_void);
+        cuDriverGetVersion(version: *mut c_int);
         cuCtxGetDevice(device: *mut c_int);
         cuCtxGetId(ctx: *mut c_void, id: *mut u64);
         cuCtxPushCurrent_v2(ctx: *mut c_void);
@@ -227,6 +230,7 @@ pub mod driver {
         cuStreamSynchronize(stream: *mut c_void);
         cuStreamQuery(stream: *mut c_void);
         cuStreamWaitEvent(stream: *mut c_void, event: *mut c_void, flags: c_uint);
+        cuStreamIsCapturing(stream: *mut c_void, status: *mut c_int);
         cuStreamGetCtx(stream: *mut c_void, ctx: *mut *mut c_void);
         cuEventCreate(event: *mut *mut c_void, flags: c_uint);
         cuEventDestroy_v2(event: *mut c_void);

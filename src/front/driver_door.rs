@@ -34,7 +34,7 @@ pub struct EntryPoint(pub &'static CStr, pub *const ());
 unsafe impl Sync for EntryPoint {}
 
 /// (real address, shim's function) for each served entry point the driver has.
-fn substitutes(served: &[EntryPoint]) -> Option<&'static [(usize, usize)]> {
+fn substitutes(served: &[&[EntryPoint]]) -> Option<&'static [(usize, usize)]> {
     static TABLE: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
     if let Some(table) = TABLE.get() {
         return Some(table);
@@ -42,6 +42,7 @@ fn substitutes(served: &[EntryPoint]) -> Option<&'static [(usize, usize)]> {
     let libcuda = real::libcuda()?;
     let table = served
         .iter()
+        .flat_map(|entry_points| entry_points.iter())
         .filter_map(|EntryPoint(name, hook)| {
             let real = real::real_dlsym(libcuda, name);
             (!real.is_null()).then_some((real as usize, *hook as usize))
@@ -51,7 +52,7 @@ fn substitutes(served: &[EntryPoint]) -> Option<&'static [(usize, usize)]> {
 }
 
 /// The shim's function where `real` is a driver function the shim wraps.
-pub fn substitute(real: *mut c_void, served: &[EntryPoint]) -> Option<*mut c_void> {
+pub fn substitute(real: *mut c_void, served: &[&[EntryPoint]]) -> Option<*mut c_void> {
     if real.is_null() {
         return None;
     }
@@ -65,7 +66,7 @@ pub fn substitute(real: *mut c_void, served: &[EntryPoint]) -> Option<*mut c_voi
 pub unsafe fn get_proc_address(
     symbol: *const c_char,
     function: *mut *mut c_void,
-    served: &[EntryPoint],
+    served: &[&[EntryPoint]],
     real: impl FnOnce() -> u32,
 ) -> u32 {
     let rc = real();

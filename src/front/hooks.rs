@@ -29,7 +29,7 @@ pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPt
 
 /// The process's allocator. The first call reads the configuration; a bad
 /// value ends the process with status 2 before anything is allocated.
-fn allocator() -> &'static Allocator {
+pub fn allocator() -> &'static Allocator {
     static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
     ALLOCATOR.get_or_init(|| {
         let mut config = match Config::from_environment(std::env::vars_os()) {
@@ -610,7 +610,7 @@ pub unsafe fn stream_create(out: *mut *mut c_void, flags: c_uint, real: impl FnO
     if rc == SUCCESS && flags & STREAM_NON_BLOCKING != 0 && !allocator.config.disable {
         if let Some(driver) = driver::loaded() {
             // SAFETY: success means the new stream was written to `out`.
-            allocator.stream_created(driver, Stream(unsafe { *out }));
+            allocator.stream_created(driver, Stream(unsafe { *out }), super::work::tracked(&allocator.config));
         }
     }
     rc

@@ -10,3 +10,4 @@ pub mod guard;
 pub mod hooks;
 pub mod ipc;
 pub mod runtime_door;
+pub mod work;

@@ -1,0 +1,81 @@
+//! The driver calls that issue work on a stream (kernels, copies, sets,
+//! memory operations, graphs, host functions): each export (`lib.rs`,
+//! `work_entry_points!`) runs the real call inside `issue`, so that the core
+//! knows which non-blocking streams have work and can issue a barrier's wait
+//! on a stream just before its next work (`core/streams.rs`).
+//!
+//! The runtime issues its work through these entry points too (it asks
+//! `cuGetProcAddress` for them, like every driver function), so one list
+//! covers runtime, static-runtime and driver-API programs. The list is that
+//! of CUDA 13.0's `cuda.h`, `cudaGL.h`: every function that takes a stream
+//! and issues anything on it but an event record or wait, checked against
+//! the headers by `scripts/check_work_entry_points.py` (`make test`). A newer
+//! driver may have more, so work is tracked only where the driver is no newer.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{CUlaunchConfig, CUDA_LAUNCH_PARAMS};
+
+use crate::core::allocator::Allocator;
+use crate::core::config::Config;
+use crate::cuda::driver;
+use crate::cuda::gpu::Stream;
+
+/// `CUDA_VERSION` of the headers the list of entry points was checked against.
+pub const CHECKED_CUDA_VERSION: i32 = 13000;
+
+/// Runs `real`, a driver call that issues work on `streams`, between the
+/// core's steps for them (`Allocator::issue_work`).
+pub fn issue(allocator: &Allocator, streams: &[Stream], real: impl FnOnce() -> u32) -> u32 {
+    match driver::loaded() {
+        Some(driver) => allocator.issue_work(driver, streams, real),
+        None => real(),
+    }
+}
+
+/// The stream a handle passed as an integer argument names.
+pub fn stream(handle: usize) -> Stream {
+    Stream(handle as *mut c_void)
+}
+
+/// Whether the work of new non-blocking streams is tracked: asked for
+/// (`SOMA_TRACK_WORK`), and the driver is no newer than the CUDA whose entry
+/// points the shim wraps (a newer one may issue work through one the shim
+/// does not know). Decided once, before the first stream is registered.
+pub fn tracked(config: &Config) -> bool {
+    static TRACKED: OnceLock<bool> = OnceLock::new();
+    *TRACKED.get_or_init(|| {
+        if !config.track_work {
+            return false;
+        }
+        match driver::loaded().map(|driver| driver.version()) {
+            Some(Ok(version)) if version <= CHECKED_CUDA_VERSION => true,
+            found => {
+                log::info!("work on streams not tracked: driver version {found:?}, entry points known up to {CHECKED_CUDA_VERSION}");
+                false
+            }
+        }
+    })
+}
+
+/// The stream of `cuLaunchKernelEx`'s launch configuration.
+/// SAFETY: `config` is null or points to a `CUlaunchConfig` (the call's contract).
+pub unsafe fn launch_config_stream(config: usize) -> [Stream; 1] {
+    let config = config as *const CUlaunchConfig;
+    // SAFETY: as the caller promises. A null configuration names the legacy
+    // stream here, which is never tracked (the call fails anyway).
+    [unsafe { config.as_ref() }.map_or(Stream::LEGACY, |config| Stream(config.hStream.cast()))]
+}
+
+/// The streams of `cuLaunchCooperativeKernelMultiDevice`'s launches.
+/// SAFETY: `list` is null or points to `count` `CUDA_LAUNCH_PARAMS` (the call's contract).
+pub unsafe fn launch_list_streams(list: usize, count: usize) -> Vec<Stream> {
+    let list = list as *const CUDA_LAUNCH_PARAMS;
+    if list.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: as the caller promises.
+    let launches = unsafe { std::slice::from_raw_parts(list, count) };
+    launches.iter().map(|launch| Stream(launch.hStream.cast())).collect()
+}
