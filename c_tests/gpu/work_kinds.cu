@@ -11,7 +11,8 @@
  * work of the kind on S1 uses A: a runtime copy from A, a runtime set of A,
  * a graph launch, cudaLaunchKernelEx, and the driver's cuLaunchKernel, of a
  * kernel that reads A for 1.5 ms. cudaFree(A) at once, B = cudaMalloc of the
- * same size, W writes Q into B on S2. What the work read must be P, and B
+ * same size 0.3 ms later (past the limit, B is A: the free was ordered behind
+ * a barrier), W writes Q into B on S2. What the work read must be P, and B
  * must hold Q at the end. Natively cudaFree synchronizes the device. */
 #include <unistd.h>
 
@@ -100,6 +101,9 @@ int main(void) {
       CHECK_CUDA(cudaStreamWaitEvent(s1, spun, 0));
       use_on(k, s1, A, copy, bad + k);
       CHECK_CUDA(cudaFree(A)); /* the work on s1 has not begun */
+      /* Time for the shim's thread to order the free (well within the spin):
+       * had it skipped s1, B would be A while the work has yet to use it. */
+      usleep(300);
       CHECK_CUDA(TMALLOC(&B, BYTES));
       same += A == B;
       k_set<<<grid_for(N, 1024), 256, 0, s2>>>(B, N, Q);

@@ -891,6 +891,7 @@ impl Allocator {
         }
         let tracked: Vec<Arc<StreamWork>> =
             streams.iter().filter_map(|&stream| self.before_work(driver, stream)).collect();
+        tracked.iter().for_each(|work| work.starting());
         let issued = issue();
         tracked.iter().for_each(|work| work.issued());
         issued
@@ -906,7 +907,14 @@ impl Allocator {
                         work.waited(count);
                         self.stats.waits_before_work.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(e) => log::warn!("stream {:?}: waiting for a barrier before its work failed: {e:?}", stream.0),
+                    // The host waits instead: the work must not run early.
+                    Err(e) => match driver.wait_for(event) {
+                        Ok(()) => work.waited(count),
+                        Err(host) => log::warn!(
+                            "stream {:?}: waiting for a barrier before its work failed: {e:?}, then on the host: {host:?}",
+                            stream.0
+                        ),
+                    },
                 }
             }
         }

@@ -361,13 +361,18 @@ impl PendingFrees {
         };
         let ordered =
             self.record_join(r, driver, join_stream, after, done).and_then(|Joined { on_legacy_stream, asked }| {
+                // Before the legacy stream waits: from then on the pool may
+                // hand out there a block freed with cudaFreeAsync on a busy
+                // stream (event dependencies), and a tracked stream must see
+                // a barrier it owes before it can use that block. (Raised
+                // for a batch not ordered after all, it costs waits only.)
+                if let Some(barriers) = tracked {
+                    barriers.published();
+                }
                 // Recorded on the legacy stream, it is behind `done` already.
                 let legacy = (!on_legacy_stream).then_some(Stream::LEGACY);
                 let untracked = after.nonblocking.iter().filter(|live| live.work.is_none()).map(|live| live.stream);
                 untracked.chain(legacy).try_for_each(|stream| driver.wait_event(stream, done))?;
-                if let Some(barriers) = tracked {
-                    barriers.published();
-                }
                 Ok(asked)
             });
         if tracked.is_none() {

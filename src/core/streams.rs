@@ -55,7 +55,11 @@ pub struct LiveStream {
 
 /// What the hooks on work tell the ordering about one stream.
 pub struct StreamWork {
-    /// Calls that issued work on the stream so far, counted after each call.
+    /// Calls that began issuing work on the stream, counted before each call.
+    started: AtomicU64,
+    /// Of those, the calls that returned, counted after each call. While the
+    /// two differ, work may be on its way that an answer of the stream's
+    /// would not cover, so the stream is asked but not marked idle.
     issued: AtomicU64,
     /// Per pool of the context (`Observer`): `issued` when that pool's
     /// ordering last found the stream idle. Each pool keeps its own, so two
@@ -65,6 +69,10 @@ pub struct StreamWork {
     barriers_waited: AtomicU64,
     barriers: Arc<Barriers>,
 }
+
+/// `StreamWork::unsettled` while a call is issuing work: the stream is asked
+/// but an idle answer marks nothing.
+const IN_FLIGHT: u64 = u64::MAX;
 
 /// Which of a context's pools asks a stream: its device memory, or its
 /// pinned host memory (each orders its frees on its own).
@@ -106,22 +114,36 @@ impl Barriers {
 }
 
 impl StreamWork {
-    /// Work was issued on the stream (called after the driver call).
+    /// A call that issues work on the stream begins.
+    pub fn starting(&self) {
+        self.started.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// That call returned: its work is on the stream.
     pub fn issued(&self) {
         self.issued.fetch_add(1, Ordering::AcqRel);
     }
 
     /// If work may have been issued on the stream since `observer` last
-    /// found it idle: the count to pass to `found_idle` if it is idle now
-    /// (read before asking, so work issued meanwhile is asked about next time).
+    /// found it idle: what to pass to `found_idle` if it is idle now. The
+    /// counts are read before asking, so work issued meanwhile is asked
+    /// about next time; with a call in flight (returned calls read first,
+    /// then started ones, so that one that starts and returns between the
+    /// reads still shows) an idle answer marks nothing.
     pub fn unsettled(&self, observer: Observer) -> Option<u64> {
         let issued = self.issued.load(Ordering::Acquire);
+        if self.started.load(Ordering::Acquire) != issued {
+            return Some(IN_FLIGHT);
+        }
         (issued != self.idle_at[observer as usize].load(Ordering::Relaxed)).then_some(issued)
     }
 
-    /// `observer` found the stream idle after `issued` calls had issued work.
+    /// `observer` found the stream idle after `issued` calls had issued work
+    /// (`unsettled`'s answer).
     pub fn found_idle(&self, observer: Observer, issued: u64) {
-        self.idle_at[observer as usize].store(issued, Ordering::Relaxed);
+        if issued != IN_FLIGHT {
+            self.idle_at[observer as usize].store(issued, Ordering::Relaxed);
+        }
     }
 
     /// The barrier count and event the stream must wait for before its next
@@ -173,6 +195,7 @@ impl StreamRegistry {
         // than proving the legacy stream's mark covers it, and paid once.
         let work = tracked.then(|| {
             Arc::new(StreamWork {
+                started: AtomicU64::new(0),
                 issued: AtomicU64::new(0),
                 idle_at: [AtomicU64::new(0), AtomicU64::new(0)],
                 barriers_waited: AtomicU64::new(0),
@@ -279,16 +302,23 @@ mod tests {
     fn each_pool_sees_a_stream_settle_on_its_own() {
         let (_registry, work, _) = tracked_stream();
         assert_eq!(work.unsettled(Observer::Device), None, "a new stream has no work");
+        work.starting();
         work.issued();
         let issued = work.unsettled(Observer::Device).expect("work issued");
         assert!(work.unsettled(Observer::Host).is_some());
-        work.issued(); // while the device pool asks: not covered by its answer
+        work.starting(); // while the device pool asks: not covered by its answer
+        work.issued();
         work.found_idle(Observer::Device, issued);
         assert!(work.unsettled(Observer::Device).is_some(), "work issued while asking is asked about next time");
         let issued = work.unsettled(Observer::Device).expect("unsettled");
         work.found_idle(Observer::Device, issued);
         assert_eq!(work.unsettled(Observer::Device), None);
         assert!(work.unsettled(Observer::Host).is_some(), "the host pool has not seen it idle");
+        work.starting(); // a call in flight: its work may not be on the stream yet
+        let in_flight = work.unsettled(Observer::Device).expect("asked");
+        work.found_idle(Observer::Device, in_flight);
+        work.issued();
+        assert!(work.unsettled(Observer::Device).is_some(), "an idle answer during a call marks nothing");
     }
 
     #[test]

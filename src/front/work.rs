@@ -72,6 +72,8 @@ pub unsafe fn launch_config_stream(config: usize) -> [Stream; 1] {
 /// SAFETY: `list` is null or points to `count` `CUDA_LAUNCH_PARAMS` (the call's contract).
 pub unsafe fn launch_list_streams(list: usize, count: usize) -> Vec<Stream> {
     let list = list as *const CUDA_LAUNCH_PARAMS;
+    // An `unsigned int` in a 64-bit register: the upper half is undefined.
+    let count = count as u32 as usize;
     if list.is_null() {
         return Vec::new();
     }
