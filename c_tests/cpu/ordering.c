@@ -25,8 +25,9 @@ struct fakecuda_stream_stats st(cudaStream_t s) {
   return x;
 }
 
-/* The work count of each stream when the last free_and_check ended. */
-static struct { cudaStream_t stream; uint64_t work; } g_checked[16];
+/* Each stream's work count, and how often it was recorded on or asked, when
+ * the last free_and_check ended. */
+static struct { cudaStream_t stream; uint64_t work, asked; } g_checked[16];
 
 static int checked_slot(cudaStream_t nb) {
   int i = 0;
@@ -37,18 +38,24 @@ static int checked_slot(cudaStream_t nb) {
 
 /* Whether the shim must ask nb about the free: always, unless it tracks work
  * (SOMA_TRACK_WORK, on by default); then only if work was issued on nb since
- * the last check ended (a stream the shim found idle with no work since has
- * finished everything before the free; one it found busy it asks again). */
+ * the last check ended and the shim has not asked it since (a stream found
+ * idle with no work since has finished everything before the free). The
+ * counts cannot tell an ask before that work from one after it, nor a busy
+ * answer from an idle one: the double's unordered_* counters judge those. */
 static int must_ask(cudaStream_t nb) {
   int i = checked_slot(nb);
-  int had_work = g_checked[i].stream != nb || st(nb).work > g_checked[i].work;
-  return had_work || !env_flag("SOMA_TRACK_WORK", 1);
+  int seen = g_checked[i].stream == nb;
+  struct fakecuda_stream_stats now = st(nb);
+  int had_work = now.work > (seen ? g_checked[i].work : 0);
+  int asked_since = now.records + now.queries > (seen ? g_checked[i].asked : 0);
+  return (had_work && !asked_since) || !env_flag("SOMA_TRACK_WORK", 1);
 }
 
 static void remember_work(cudaStream_t nb) {
   int i = checked_slot(nb);
   g_checked[i].stream = nb;
   g_checked[i].work = st(nb).work;
+  g_checked[i].asked = st(nb).records + st(nb).queries;
 }
 
 /* Since the counts `legacy` and `seen`: an event recorded on the legacy
