@@ -2086,11 +2086,16 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
 static int launch_as_program(const void *stream, const void *p, int check_access) {
   typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                 CUstream, void **, void **);
-  /* The program's handle: its global scope, preloads first (RTLD_DEFAULT
-   * would find this library's own, which binds symbolically). */
-  void *program = dlopen(NULL, RTLD_LAZY);
-  launch_fn entry = program ? (launch_fn)dlsym(program, "cuLaunchKernel") : NULL;
-  if (!entry) entry = cuLaunchKernel;
+  static launch_fn found; /* looked up once */
+  launch_fn entry = __atomic_load_n(&found, __ATOMIC_ACQUIRE);
+  if (!entry) {
+    /* The program's handle: its global scope, preloads first (RTLD_DEFAULT
+     * would find this library's own, which binds symbolically). */
+    void *program = dlopen(NULL, RTLD_LAZY);
+    entry = program ? (launch_fn)dlsym(program, "cuLaunchKernel") : NULL;
+    if (!entry) entry = cuLaunchKernel;
+    __atomic_store_n(&found, entry, __ATOMIC_RELEASE);
+  }
   void *params[] = {&p, &check_access};
   return entry(&g_touch_kernel, 1, 1, 1, 1, 1, 1, 0, (CUstream)stream, params, NULL);
 }

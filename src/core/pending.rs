@@ -250,29 +250,25 @@ impl PendingFrees {
         after: &Predecessors,
         done: Event,
     ) -> CuResult<Joined> {
-        let mut asked = 0;
-        // A non-blocking stream found idle has finished the work before the
-        // batch's frees: nothing to wait for (one call instead of two).
-        let busy: Vec<Stream> = after
-            .nonblocking
-            .iter()
-            .filter(|live| {
-                let unsettled = match &live.work {
-                    Some(work) => work.unsettled(self.observer),
-                    None => Some(0),
-                };
-                let Some(issued) = unsettled else {
-                    return false;
-                };
-                asked += 1;
-                let idle = driver.is_idle(live.stream);
-                if let (true, Some(work)) = (idle, &live.work) {
-                    work.found_idle(self.observer, issued);
-                }
-                !idle
-            })
-            .map(|live| live.stream)
-            .collect();
+        let (mut asked, mut busy) = (0, Vec::new());
+        for live in after.nonblocking {
+            // A tracked stream seen idle with no work since needs no call.
+            let issued = match &live.work {
+                Some(work) => match work.unsettled(self.observer) {
+                    Some(issued) => Some((work, issued)),
+                    None => continue,
+                },
+                None => None,
+            };
+            asked += 1;
+            // A non-blocking stream found idle has finished the work before
+            // the batch's frees: nothing to wait for (one call instead of two).
+            if !driver.is_idle(live.stream) {
+                busy.push(live.stream);
+            } else if let Some((work, issued)) = issued {
+                work.found_idle(self.observer, issued);
+            }
+        }
         let on_legacy_stream = if busy.is_empty() && after.tails.is_empty() {
             // Only the legacy stream's work may still run: an event there
             // covers it, with no hop through the join stream on the GPU.
