@@ -125,6 +125,7 @@ PARTS=(
   "4x4G|streams4x4G|streams|all"
   "stall|stall|stall|all"
   "pitch|pitch2d|pitch|all"
+  "gpu|gpu-chain|gpu-chain|all"
   "streams|idle-nb:0|idle-nb:0|rsa"
   "streams|idle-nb:1|idle-nb:1|rsa"
   "streams|idle-nb:8|idle-nb:8|rsa"
@@ -222,7 +223,10 @@ nlp: 8 live blocks of 4 KiB..128 MiB, the oldest freed each time; threadsN: N ho
   1 MiB pair on the legacy stream, median of 2000, while N idle non-blocking streams are alive
   (made at start, in every mode); streams4x4G: four 4 GiB blocks live, one per non-blocking stream
   (time of a whole round); stall: a 256 B pair while a ~1 ms kernel runs on a non-blocking stream;
-  pitch2d: cudaMallocPitch of 1000 rows of 1000 bytes (async: cudaMallocAsync of pitch x rows).
+  pitch2d: cudaMallocPitch of 1000 rows of 1000 bytes (async: cudaMallocAsync of pitch x rows);
+  gpu-chain: GPU time, not host time: 1000 kernels of ~10 us on the legacy stream with a 1 MiB
+  pair around each, the host far ahead (as in a training step), us of GPU time per kernel;
+  gpu-chain-kernels: the same kernels with no allocator call (the floor).
 r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a proxy for the pool's
   reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held, counted as at
   least 1 MiB; for shim, shim+nb and async (the device's default pool).

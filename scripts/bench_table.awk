@@ -60,6 +60,7 @@ function group(key) {
   if (key ~ /^threads/) return "threads"
   if (key ~ /^idle-nb/) return "streams"
   if (key == "streams4x4G") return "4x4G"
+  if (key ~ /^gpu-chain/) return "gpu"
   return key
 }
 function present(key,   i) {
@@ -77,6 +78,7 @@ function min_reps(key,   i, n, m) {
 # T3 over every row shown: the shim's median not above the real one (each
 # scenario counted once, also where it is in both tables)
 function t3(key,   v) {
+  if (key == "gpu-chain-kernels") return "-" # no allocator call: nothing to compare
   if (key in t3_done) return t3_done[key]
   v = verdict(med("shim", key), med("real", key), 1)
   t3_done[key] = v
@@ -87,7 +89,7 @@ function t3(key,   v) {
 
 BEGIN {
   nmodes = split("real reallive shim shimnb async shimsync", mode_of, " ")
-  n1 = split("256 1048576 16777216 268435456 1073741824 nlp threads4 threads4-legacy streams4x4G stall pitch2d", order1, " ")
+  n1 = split("256 1048576 16777216 268435456 1073741824 nlp threads4 threads4-legacy streams4x4G stall pitch2d gpu-chain-kernels gpu-chain", order1, " ")
   n2 = split("idle-nb0 idle-nb1 idle-nb8 idle-nb64 idle-nb256 threads1 threads4 threads8 threads16 threads1-legacy threads4-legacy threads8-legacy threads16-legacy", order2, " ")
   if (reps == "") reps = 1
 }

@@ -6,8 +6,10 @@ Every function the headers declare with a stream among its parameters (or
 in a launch configuration it points to) must be either on the list, with as
 many arguments as the header gives it and its stream where the header puts
 it, or below in NOT_WORK, with the reason it issues no work that could use a
-freed block. A function the shim misses would let work run unseen on a
-stream the shim then skips (docs/DESIGN.md, "Streams in use").
+freed block. So must every per-thread variant of a synchronous call (`_ptds`):
+it works on the per-thread default stream, which the legacy stream does not
+order. A function the shim misses would let work run unseen on a stream the
+shim then skips (docs/DESIGN.md, "Streams in use").
 
 usage: check_work_entry_points.py CUDA_INCLUDE_DIR src/lib.rs
 Prints each problem, then "N checked, M problems"; exits 1 on any problem.
@@ -123,17 +125,24 @@ def check(decls, entries):
         elif streams.startswith("front::work::launch_config_stream("):
             if "CUlaunchConfig" not in params[0]:
                 problems.append(f"{name}: its first parameter is '{params[0]}', not a launch configuration")
+        elif streams == "front::work::per_thread_stream()":
+            if not name.endswith("_ptds"):
+                problems.append(f"{name}: given the per-thread default stream, but not a _ptds variant")
         elif streams.startswith("front::work::launch_list_streams("):
             if "CUDA_LAUNCH_PARAMS" not in params[0] or "int" not in params[1]:
                 problems.append(f"{name}: '{params[0]}, {params[1]}' is not a list of launches and its length")
         else:
             problems.append(f"{name}: streams given as '{streams}', which this check cannot read")
     for name, params in sorted(decls.items()):
-        if not takes_stream(params) or name in entries:
+        if name in entries:
             continue
-        checked += 1
-        if base_name(name) not in NOT_WORK and name not in NOT_WORK:
-            problems.append(f"{name}({', '.join(params)}): takes a stream, neither on the list nor known to issue no work")
+        if name.endswith("_ptds"):
+            checked += 1
+            problems.append(f"{name}: works on the per-thread default stream, not on the list")
+        elif takes_stream(params):
+            checked += 1
+            if base_name(name) not in NOT_WORK and name not in NOT_WORK:
+                problems.append(f"{name}({', '.join(params)}): takes a stream, neither on the list nor known to issue no work")
     return checked, problems
 
 

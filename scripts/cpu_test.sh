@@ -611,10 +611,12 @@ if wanted "work entry points" && command -v python3 >/dev/null; then
   problems=()
   python3 scripts/check_work_entry_points.py "$INC" src/lib.rs >"$RUNS/$KEY.out" 2>&1 ||
     problems+=("the shim's list" "$(tail -n 20 "$RUNS/$KEY.out")")
-  sed -e '/^    cuMemsetD8Async(/d' -e 's/^    cuMemcpyAsync(dst, src, bytes, s) => \[stream(s)\];/    cuMemcpyAsync(dst, src, s, bytes) => [stream(s)];/' \
+  sed -e '/^    cuMemsetD8Async(/d' -e '/^    cuMemsetD32_v2_ptds(/d' -e 's/^    cuMemcpyAsync(dst, src, bytes, s) => \[stream(s)\];/    cuMemcpyAsync(dst, src, s, bytes) => [stream(s)];/' \
     src/lib.rs >"$RUNS/$KEY.broken.rs"
   python3 scripts/check_work_entry_points.py "$INC" "$RUNS/$KEY.broken.rs" >"$RUNS/$KEY.broken" 2>&1
   grep -q '^cuMemsetD8Async(.*neither on the list' "$RUNS/$KEY.broken" || problems+=("a missing entry point not found" "$(cat "$RUNS/$KEY.broken")")
+  grep -q '^cuMemsetD32_v2_ptds: works on the per-thread default stream, not on the list' "$RUNS/$KEY.broken" ||
+    problems+=("a missing per-thread synchronous call not found" "$(cat "$RUNS/$KEY.broken")")
   grep -q "^cuMemcpyAsync: argument 2 is 'size_t ByteCount', not a stream" "$RUNS/$KEY.broken" ||
     problems+=("a misplaced stream not found" "$(cat "$RUNS/$KEY.broken")")
   checked "work entry points match the CUDA headers (scripts/check_work_entry_points.py)" "${problems[@]}"

@@ -502,7 +502,10 @@ macro_rules! work_entry_points {
             pub unsafe extern "C" fn $name($($arg: usize),*) -> u32 {
                 let real = || unsafe { real_work::$name($($arg),*) };
                 // SAFETY: the streams are read from the caller's arguments, valid by the call's contract.
-                guarded(|| front::work::issue(front::hooks::allocator(), &unsafe { $streams }, real), real)
+                guarded(
+                    || front::work::issue(front::hooks::allocator(), stringify!($name), &unsafe { $streams }, real),
+                    real,
+                )
             }
         )*
         /// The exports above, as `dlsym` and `cuGetProcAddress` hand them out.
@@ -631,6 +634,29 @@ work_entry_points! {
     cuGLMapBufferObjectAsync_v2(ptr, size, buffer, s) => [stream(s)];
     cuGLMapBufferObjectAsync_v2_ptsz(ptr, size, buffer, s) => [stream(s)];
     cuGLUnmapBufferObjectAsync(buffer, s) => [stream(s)];
+    // The synchronous calls' per-thread variants: work on the calling thread's
+    // per-thread default stream, which the legacy stream does not order.
+    cuMemcpy_ptds(dst, src, bytes) => front::work::per_thread_stream();
+    cuMemcpyPeer_ptds(dst, dst_context, src, src_context, bytes) => front::work::per_thread_stream();
+    cuMemcpyHtoD_v2_ptds(dst, src, bytes) => front::work::per_thread_stream();
+    cuMemcpyDtoH_v2_ptds(dst, src, bytes) => front::work::per_thread_stream();
+    cuMemcpyDtoD_v2_ptds(dst, src, bytes) => front::work::per_thread_stream();
+    cuMemcpyDtoA_v2_ptds(dst, offset, src, bytes) => front::work::per_thread_stream();
+    cuMemcpyAtoD_v2_ptds(dst, src, offset, bytes) => front::work::per_thread_stream();
+    cuMemcpyHtoA_v2_ptds(dst, offset, src, bytes) => front::work::per_thread_stream();
+    cuMemcpyAtoH_v2_ptds(dst, src, offset, bytes) => front::work::per_thread_stream();
+    cuMemcpyAtoA_v2_ptds(dst, dst_offset, src, src_offset, bytes) => front::work::per_thread_stream();
+    cuMemcpy2D_v2_ptds(copy) => front::work::per_thread_stream();
+    cuMemcpy2DUnaligned_v2_ptds(copy) => front::work::per_thread_stream();
+    cuMemcpy3D_v2_ptds(copy) => front::work::per_thread_stream();
+    cuMemcpy3DPeer_ptds(copy) => front::work::per_thread_stream();
+    cuMemsetD8_v2_ptds(dst, value, count) => front::work::per_thread_stream();
+    cuMemsetD16_v2_ptds(dst, value, count) => front::work::per_thread_stream();
+    cuMemsetD32_v2_ptds(dst, value, count) => front::work::per_thread_stream();
+    cuMemsetD2D8_v2_ptds(dst, pitch, value, width, height) => front::work::per_thread_stream();
+    cuMemsetD2D16_v2_ptds(dst, pitch, value, width, height) => front::work::per_thread_stream();
+    cuMemsetD2D32_v2_ptds(dst, pitch, value, width, height) => front::work::per_thread_stream();
+    cuGLMapBufferObject_v2_ptds(ptr, size, buffer) => front::work::per_thread_stream();
 }
 
 /// Every driver entry point the shim hands out.

@@ -40,6 +40,9 @@
  *   streams4x4G  4 blocks of 4 GiB live at once, one per non-blocking stream,
  *              a kernel on each, then all freed (time of the whole round)
  *   stall      the host stall (above)
+ *   gpu-chain  GPU time (not host time) per iteration of a chain of ~10 us
+ *              kernels with an alloc/free pair around each, the host far
+ *              ahead; gpu-chain-kernels: the kernels alone (see below)
  * Each also reports the peak bytes the program held and the peak of
  * cudaMemGetInfo's "used" over its start (sampled during the loop): their
  * ratio is the reserved-over-in-use proxy.
@@ -336,6 +339,54 @@ static void scenario_stall(cudaStream_t s, cudaStream_t busy, long long base, do
   report("stall", t, sreps, 256.0, peak_used);
 }
 
+/* gpu-chain: the host far ahead of the GPU, as in a training step: 1000
+ * iterations of (1 MiB alloc, a ~10 us kernel that writes it, free) on the
+ * legacy stream. The figure is GPU time per iteration (events around the
+ * loop), median of 7 loops: what the allocator's stream operations cost the
+ * GPU beside the kernels. gpu-chain-kernels: the same kernels on one block
+ * allocated before, no allocator call (the floor, as a caching allocator
+ * that hands out blocks without a stream operation would reach). (The real
+ * cudaFree waits for the GPU: its loop runs the kernels one at a time, idle
+ * gaps included.) */
+__global__ void spin_then_touch(unsigned *p, unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+  if (threadIdx.x == 0) p[0] = (unsigned)t;
+}
+static void gpu_chain(const char *name, int allocate, long long base, double *t) {
+  enum { ITERS = 1000, LOOPS = 7 };
+  const size_t bytes = 1 << 20;
+  cudaEvent_t start, end;
+  CK(cudaEventCreate(&start));
+  CK(cudaEventCreate(&end));
+  void *kept = NULL;
+  if (!allocate) alloc_on(&kept, bytes, 0);
+  long long peak_used = 0;
+  for (int r = -1; r < LOOPS; r++) {
+    CK(cudaEventRecord(start, 0));
+    for (int i = 0; i < ITERS; i++) {
+      void *p = kept;
+      if (allocate) alloc_on(&p, bytes, 0);
+      spin_then_touch<<<1, 32>>>((unsigned *)p, 10000ULL);
+      if (allocate) release_on(p, 0);
+    }
+    CK(cudaEventRecord(end, 0));
+    CK(cudaGetLastError());
+    if (used_now() - base > peak_used) peak_used = used_now() - base;
+    CK(cudaEventSynchronize(end));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, start, end));
+    if (r >= 0) t[r] = ms * 1000.0 / ITERS;
+  }
+  if (kept) release_on(kept, 0);
+  CK(cudaEventDestroy(start));
+  CK(cudaEventDestroy(end));
+  report(name, t, LOOPS, (double)bytes, peak_used);
+}
+
 static int flag(const char *name) {
   const char *v = getenv(name);
   return v && *v && strcmp(v, "0") != 0;
@@ -352,7 +403,7 @@ static int part_number(const char *part, const char *prefix, int max) {
 }
 
 /* churn real|async [PART]: PART is size:<bytes>, nlp, threads[:<n>],
- * threads-legacy[:<n>], streams, stall or idle-nb:<n>; without one, every
+ * threads-legacy[:<n>], streams, stall, idle-nb:<n>, pitch or gpu-chain; without one, every
  * part in turn in this process (threads with CHURN_THREADS or 4, idle-nb with
  * 0, 1, 8, 64, 256; then the pool keeps what earlier parts cached, and the
  * memory figures of later parts include it). */
@@ -361,7 +412,7 @@ int main(int argc, char **argv) {
   const char *part = argc > 2 ? argv[2] : NULL;
   if (argc < 2 || argc > 3 || (!g_async && strcmp(argv[1], "real") != 0)) {
     fprintf(stderr,
-            "usage: %s real|async [size:<bytes>|nlp|threads[:<n>]|threads-legacy[:<n>]|streams|stall|idle-nb:<n>|pitch]\n",
+            "usage: %s real|async [size:<bytes>|nlp|threads[:<n>]|threads-legacy[:<n>]|streams|stall|idle-nb:<n>|pitch|gpu-chain]\n",
             argv[0]);
     return 2;
   }
@@ -450,6 +501,11 @@ int main(int argc, char **argv) {
   }
   if (!part || strcmp(part, "pitch") == 0) {
     scenario_pitch(base, t);
+    ran++;
+  }
+  if (!part || strcmp(part, "gpu-chain") == 0) {
+    gpu_chain("gpu-chain-kernels", 0, base, t);
+    gpu_chain("gpu-chain", 1, base, t);
     ran++;
   }
   if (!part || strcmp(part, "stall") == 0) {

@@ -22,7 +22,7 @@ use super::passthrough::Passthrough;
 use super::pool_slots::{PoolSlot, PoolSlots};
 use super::ptrmap::{Block, Claim, Memory, MemoryKind, PointerMap};
 use super::stats::{raise_peak, PoolPeaks, Stats};
-use super::streams::{capture_key, CaptureKey, StreamRegistry, StreamWork};
+use super::streams::{capture_key, CaptureKey, NullStream, SideWork, StreamRegistry, StreamWork};
 use super::trace::{Op, Trace};
 
 pub struct Allocator {
@@ -52,6 +52,8 @@ pub struct Allocator {
     retiring_tails: AtomicBool,
     /// Some stream's work was tracked (`issue_work` has something to do).
     work_tracked: AtomicBool,
+    /// Work off the legacy stream, for the blocks kept in its order.
+    side_work: SideWork,
     /// (owner, accessor): `accessor` enabled peer access to `owner`'s memory.
     peer_grants: Mutex<HashSet<(i32, i32)>>,
     /// Blocks exported through CUDA IPC, and their importers' leases.
@@ -149,6 +151,7 @@ impl Allocator {
             has_deferred: AtomicBool::new(false),
             retiring_tails: AtomicBool::new(false),
             work_tracked: AtomicBool::new(false),
+            side_work: SideWork::default(),
             peer_grants: Mutex::new(HashSet::new()),
             exports: Exports::default(),
             reclaimer: Reclaimer::default(),
@@ -641,13 +644,16 @@ impl Allocator {
                 self.retire_passed_tails(driver, device.context);
                 registry = read(&self.streams);
             }
-            device.free(driver, ptr, block.size, &registry.predecessors(device.context), &self.map)
+            device.free(driver, ptr, block.size, &registry.predecessors(device.context), &self.map, &self.side_work)
         });
         let counters = self.stats.counters(device.ordinal, device.host);
         match result.and_then(|r| r) {
             Ok(FreePath::Legacy) => counters.tally().legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
-            Ok(FreePath::LegacyCached) => {
+            Ok(FreePath::LegacyCached { marked }) => {
                 raise_peak(&counters.peak_held, device.held_bytes());
+                if marked {
+                    counters.tally().legacy_marked_frees.fetch_add(1, Ordering::Relaxed);
+                }
                 if !self.reclaimer.running() {
                     // Started for the cache's ageing; once running, its idle
                     // steps age it (a wake per free would keep it stepping).
@@ -881,19 +887,31 @@ impl Allocator {
         }
     }
 
-    /// Runs `issue`, a driver call that issues work on `streams`, as a
-    /// tracked stream needs: first the wait for a barrier it owes (not into
-    /// a capture: captured work runs when its graph is launched, and that
-    /// call waits), then the note that the stream has work.
-    pub fn issue_work<T>(&self, driver: &impl Gpu, streams: &[Stream], issue: impl FnOnce() -> T) -> T {
-        if !self.work_tracked.load(Ordering::Relaxed) {
-            return issue();
-        }
-        let tracked: Vec<Arc<StreamWork>> =
-            streams.iter().filter_map(|&stream| self.before_work(driver, stream)).collect();
-        tracked.iter().for_each(|work| work.starting());
-        let issued = issue();
-        tracked.iter().for_each(|work| work.issued());
+    /// Runs `issue`, a driver call that issues work on `streams` (`null`:
+    /// what a null handle names there), as a tracked stream needs: first the
+    /// wait for a barrier it owes (not into a capture: captured work runs
+    /// when its graph is launched, and that call waits), then the note that
+    /// the stream has work; work off the legacy stream is noted for the
+    /// blocks kept in its order (`SideWork`). Called for every such call
+    /// only where the front door sees them all (`front/work.rs`).
+    pub fn issue_work<T>(
+        &self,
+        driver: &impl Gpu,
+        streams: &[Stream],
+        null: NullStream,
+        issue: impl FnOnce() -> T,
+    ) -> T {
+        let issued = if self.work_tracked.load(Ordering::Relaxed) {
+            let tracked: Vec<Arc<StreamWork>> =
+                streams.iter().filter_map(|&stream| self.before_work(driver, stream)).collect();
+            tracked.iter().for_each(|work| work.starting());
+            let issued = issue();
+            tracked.iter().for_each(|work| work.issued());
+            issued
+        } else {
+            issue()
+        };
+        self.side_work.issued(streams, null);
         issued
     }
 

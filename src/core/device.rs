@@ -11,11 +11,13 @@
 //! The one stream that would not be ordered is a non-blocking stream made
 //! later: before one is, the host waits for the legacy stream's work (the
 //! real `cudaFree` had waited for the part of it issued before each free).
-//! With `SOMA_LEGACY_CACHE` (by default while several threads take turns
-//! freeing, `turns`), a free instead records a mark on the legacy stream and
-//! caches the block, and the next allocation of its size takes it with no
-//! driver call: the mark orders the new owner, on any blocking stream, after
-//! the old owner's work, as the free there did.
+//! With `SOMA_LEGACY_CACHE` a free instead caches the block, and the next
+//! allocation of its size takes it with no driver call: the new owner, on any
+//! blocking stream, runs after the old owner's work on the legacy stream, and
+//! after its work on other streams once a mark on the legacy stream follows
+//! that work (`SideWork`: recorded at the free only if needed). By default it
+//! does so when no mark is needed, or while several threads take turns
+//! freeing (`turns`).
 //!
 //! *Non-blocking streams too*, `SOMA_FREE_ORDER=barrier`: a free only queues
 //! the block; the reclaimer frees each batch on the legacy stream behind
@@ -61,7 +63,7 @@ use super::pending::{Keep, PendingFrees, Reclaiming};
 use super::ptrmap::PointerMap;
 use super::reclaimer::Activity;
 use super::stats::{add_saturating, raise_peak, DeviceCounters, PoolPeaks};
-use super::streams::{Observer, Predecessors};
+use super::streams::{Observer, Predecessors, SideWork};
 use super::turns::Turns;
 use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, CONTEXT_IS_DESTROYED};
 
@@ -152,9 +154,9 @@ pub enum Wait {
 pub enum FreePath {
     /// Freed on the legacy stream (only blocking streams).
     Legacy,
-    /// Kept in the cache after a mark on the legacy stream (only blocking
-    /// streams, `SOMA_LEGACY_CACHE`).
-    LegacyCached,
+    /// Kept in the cache in the legacy stream's order (only blocking
+    /// streams, `SOMA_LEGACY_CACHE`); `marked`: it took a mark there.
+    LegacyCached { marked: bool },
     /// Queued for the reclaimer, to be freed behind a barrier.
     Barrier,
     /// Queued for the reclaimer, to be joined.
@@ -450,7 +452,15 @@ impl Device {
     /// (`SOMA_LEGACY_CACHE`); else through the queue of pending frees. The
     /// device's context must be current, and `after` must stay the device's
     /// streams until this returns.
-    pub fn free(&self, driver: &impl Gpu, ptr: u64, size: u64, after: &Predecessors, map: &PointerMap) -> CuResult<FreePath> {
+    pub fn free(
+        &self,
+        driver: &impl Gpu,
+        ptr: u64,
+        size: u64,
+        after: &Predecessors,
+        map: &PointerMap,
+        side_work: &SideWork,
+    ) -> CuResult<FreePath> {
         // Host memory is never reused in a stream's order (see the module doc).
         let only_blocking = !self.host && after.nonblocking.is_empty() && after.tails.is_empty();
         let on_legacy = only_blocking || self.order == FreeOrder::Barrier;
@@ -462,18 +472,15 @@ impl Device {
                 LegacyCache::On => true,
                 LegacyCache::Off => false,
                 // Every free with only blocking streams is noted.
-                LegacyCache::Auto => self.turns.0.note(thread_number()),
+                LegacyCache::Auto => self.turns.0.note(thread_number()) || !side_work.unmarked(self.ordinal),
             }
             // Checked, then cached: threads freeing at once may pass it by a block each.
             && self.pending.has_room(size, self.pending_free_limit);
-        // Any operation on the legacy stream waits for the blocking streams'
-        // work before it, and their work after it waits for it: the mark
-        // orders the block's next owner, on any blocking stream, after its
-        // old work, with no driver call at the allocation. (A non-blocking
-        // stream made later waits for a newer mark.) Unmarked, it is freed.
-        if keep && driver.record(self.legacy_free_mark, Stream::LEGACY).is_ok() {
-            self.pending.cache_in_legacy_order(ptr, size);
-            return Ok(FreePath::LegacyCached);
+        if keep {
+            if let Some(marked) = self.order_kept(driver, side_work) {
+                self.pending.cache_in_legacy_order(ptr, size);
+                return Ok(FreePath::LegacyCached { marked });
+            }
         }
         if only_blocking {
             // The legacy stream orders every blocking stream: freed in its
@@ -485,6 +492,27 @@ impl Device {
         }
         self.pending.queue(ptr, size);
         Ok(if on_legacy { FreePath::Barrier } else { FreePath::Queued })
+    }
+
+    /// Orders a block kept in the legacy stream's order before its next
+    /// owner's work; whether that took a mark, None if it failed (the block
+    /// is then freed instead). Any operation on the legacy stream waits for
+    /// the blocking streams' work before it, and their work after it waits
+    /// for it: the next owner, on any blocking stream, runs after the old
+    /// owner's work on the legacy stream, and after its work on other
+    /// streams once a mark follows that (`SideWork`). A non-blocking stream
+    /// made later waits for a newer mark (`leave_legacy_stream`).
+    fn order_kept(&self, driver: &impl Gpu, side_work: &SideWork) -> Option<bool> {
+        if !side_work.take_unmarked(self.ordinal) {
+            return Some(false);
+        }
+        match driver.record(self.legacy_free_mark, Stream::LEGACY) {
+            Ok(()) => Some(true),
+            Err(_) => {
+                side_work.mark_failed(self.ordinal);
+                None
+            }
+        }
     }
 
     /// Whether allocations go on the legacy stream, where blocks freed there

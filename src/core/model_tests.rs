@@ -21,6 +21,7 @@ use super::allocator::{Allocator, Freed};
 use super::config::Config;
 use super::ptrmap::{Memory, MemoryKind};
 use super::model::{CaptureMode, SimGpu, Touch, PER_THREAD};
+use super::streams::NullStream;
 use crate::cuda::gpu::{Gpu, Pool, Stream};
 
 const MIB: u64 = 1 << 20;
@@ -72,7 +73,13 @@ impl Shim for Allocator {
     }
 
     fn launch(&self, gpu: &SimGpu, stream: Stream, touch: Option<Touch>) {
-        self.issue_work(gpu, &[stream], || touch.map(|touch| gpu.launch(stream, touch)));
+        let launch = || touch.map(|touch| gpu.launch(stream, touch));
+        // As the front door: only where it sees every call that issues work.
+        if self.config.track_work {
+            self.issue_work(gpu, &[stream], NullStream::Legacy, launch);
+        } else {
+            launch();
+        }
     }
 
     fn stream_destroying(&self, gpu: &SimGpu, stream: Stream) {
@@ -943,6 +950,43 @@ fn a_block_kept_in_the_legacy_streams_order_comes_back_without_a_driver_call_and
         let device = shim.stats.device(0);
         assert_eq!(device.total(|t| &t.legacy_cached_frees), 1);
         assert_eq!(device.peak_held.load(Ordering::Relaxed), MIB, "the kept block counts as freed, not yet reused");
+    }
+}
+
+/// Where the hooks see every call that issues work and it all went to the
+/// legacy stream since the last mark, a free keeps its block with no mark
+/// (by default, on one thread too): the free and the reuse make no driver
+/// call, and the new owner's work on any blocking stream still runs after
+/// the old owner's. Once work went to another blocking stream or to the
+/// per-thread default stream, a free takes one driver call: a mark with
+/// `SOMA_LEGACY_CACHE=on` (which covers that work: the next free may skip
+/// its mark again), the free on the legacy stream by default (which marks
+/// nothing: later frees go on doing so).
+#[test]
+fn a_block_used_on_the_legacy_stream_alone_is_kept_without_a_mark() {
+    for (seed, cache) in (0..32).flat_map(|seed| [(seed, "auto"), (seed, "on")]) {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[("SOMA_LEGACY_CACHE", cache)]);
+        let blocking = gpu.program_stream(false);
+        let mut ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        let mut calls = Vec::new();
+        // Each owner works on its stream, then frees; the next takes the block.
+        for stream in [Stream::LEGACY, blocking, PER_THREAD, Stream::LEGACY] {
+            let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
+            shim.launch(&gpu, stream, Some(touch));
+            gpu.program_freed(touch);
+            let before = gpu.work_calls();
+            Shim::free(&shim, &gpu, ptr);
+            calls.push(gpu.work_calls() - before);
+            ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        }
+        shim.launch(&gpu, blocking, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "seed {seed}, {cache}: {:?}", gpu.violations());
+        let device = shim.stats.device(0);
+        let kept = (device.total(|t| &t.legacy_cached_frees), device.total(|t| &t.legacy_marked_frees));
+        let expected = if cache == "on" { (vec![0, 1, 1, 0], (4, 2)) } else { (vec![0, 1, 1, 1], (1, 0)) };
+        assert_eq!((calls, kept), expected, "seed {seed}, {cache}: driver calls of each free; frees kept, and marked");
     }
 }
 

@@ -61,8 +61,10 @@ pub struct Tally {
     pub pool_free_bytes: AtomicU64,
     /// Frees ordered by the legacy stream alone (no non-blocking stream then).
     pub legacy_stream_frees: AtomicU64,
-    /// Frees kept in the cache after a mark on the legacy stream (`SOMA_LEGACY_CACHE`).
+    /// Frees kept in the cache in the legacy stream's order (`SOMA_LEGACY_CACHE`).
     pub legacy_cached_frees: AtomicU64,
+    /// Of those, the frees that recorded a mark there (work ran off the legacy stream).
+    pub legacy_marked_frees: AtomicU64,
     /// Frees on the legacy stream with non-blocking streams ordered by waits.
     pub barrier_frees: AtomicU64,
     /// Frees queued for a batched join (non-blocking streams, join order).
@@ -254,6 +256,7 @@ impl Stats {
             }
             count(&mut out, "frees on the legacy stream", d.total(|t| &t.legacy_stream_frees));
             count(&mut out, "frees kept in legacy order", d.total(|t| &t.legacy_cached_frees));
+            count(&mut out, "frees kept after a mark", d.total(|t| &t.legacy_marked_frees));
             count(&mut out, "frees behind barriers", d.total(|t| &t.barrier_frees));
             count(&mut out, "frees joined in batches", d.total(|t| &t.queued_frees));
             let batches = d.batches.load(Relaxed);

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::cuda::gpu::{Context, Event, Stream};
@@ -162,6 +162,82 @@ impl StreamWork {
     }
 }
 
+/// What a null stream handle names in a call that issues work: the legacy
+/// stream, or, in the driver's `_ptsz` and `_ptds` variants, the calling
+/// thread's per-thread default stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NullStream {
+    Legacy,
+    PerThread,
+}
+
+/// Whether `stream`, as a call with `null` names it, is the legacy stream.
+fn is_legacy(stream: Stream, null: NullStream) -> bool {
+    stream == Stream::LEGACY || (stream.0.is_null() && null == NullStream::Legacy)
+}
+
+/// Work on streams other than the legacy stream (blocking streams of the
+/// program, per-thread default streams, non-blocking ones) not yet covered
+/// by a mark on each device's legacy stream (one bit per device).
+///
+/// A block kept in the legacy stream's order (`Device::free`) needs a mark
+/// only for such work: the next owner's work, on any blocking stream, waits
+/// for the legacy stream's work before it, the old owner's there included.
+/// Valid only where the hooks see every call that issues work; until one is
+/// reported every free marks.
+#[derive(Default)]
+pub struct SideWork {
+    /// A call that issues work was reported: the hooks see them all, so
+    /// none ran before.
+    reported: AtomicBool,
+    /// Bit `d`: device `d` may have work not marked.
+    unmarked: AtomicU64,
+}
+
+impl SideWork {
+    /// A call issued work on `streams` (reported once it returned: a mark
+    /// that clears the bits before this is recorded after the work).
+    /// Written only on a change, as every launch of every thread reports.
+    pub fn issued(&self, streams: &[Stream], null: NullStream) {
+        if !self.reported.load(Ordering::Relaxed) {
+            self.reported.store(true, Ordering::Release);
+        }
+        let off_legacy = streams.iter().any(|&stream| !is_legacy(stream, null));
+        if off_legacy && self.unmarked.load(Ordering::Relaxed) != u64::MAX {
+            self.unmarked.store(u64::MAX, Ordering::Release);
+        }
+    }
+
+    /// Whether device `ordinal` may have work off the legacy stream not yet
+    /// marked there.
+    pub fn unmarked(&self, ordinal: i32) -> bool {
+        !self.reported.load(Ordering::Acquire)
+            || device_bit(ordinal).is_none_or(|bit| self.unmarked.load(Ordering::Acquire) & bit != 0)
+    }
+
+    /// A mark is about to be recorded on device `ordinal`'s legacy stream:
+    /// whether it is needed (`unmarked`), cleared so that work reported from
+    /// now on sets it again. If the mark then fails, `mark_failed`.
+    pub fn take_unmarked(&self, ordinal: i32) -> bool {
+        if !self.reported.load(Ordering::Acquire) {
+            return true;
+        }
+        device_bit(ordinal).is_none_or(|bit| self.unmarked.fetch_and(!bit, Ordering::AcqRel) & bit != 0)
+    }
+
+    pub fn mark_failed(&self, ordinal: i32) {
+        if let Some(bit) = device_bit(ordinal) {
+            self.unmarked.fetch_or(bit, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Device `ordinal`'s bit in `SideWork::unmarked`; a device past the 64th
+/// has none and always marks.
+fn device_bit(ordinal: i32) -> Option<u64> {
+    u32::try_from(ordinal).ok().and_then(|ordinal| 1u64.checked_shl(ordinal))
+}
+
 /// A capture in progress: the stream's handle and, for the per-thread
 /// default stream (one handle, a stream per thread), the thread.
 pub type CaptureKey = (usize, u64);
@@ -287,6 +363,24 @@ impl Hasher for HandleHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_off_the_legacy_stream_needs_a_mark_on_every_device_until_each_marks() {
+        let side = SideWork::default();
+        assert!(side.unmarked(0) && side.take_unmarked(0), "nothing reported yet: every free marks");
+        let null = Stream(std::ptr::null_mut());
+        side.issued(&[Stream::LEGACY, null], NullStream::Legacy);
+        assert!(!side.unmarked(0) && !side.unmarked(1), "the legacy stream's work alone");
+        side.issued(&[null], NullStream::PerThread);
+        assert!(side.unmarked(0) && side.unmarked(1), "a per-thread call's null stream is not the legacy stream");
+        assert!(side.take_unmarked(0));
+        assert!(!side.unmarked(0) && side.unmarked(1), "marked on device 0 only");
+        side.mark_failed(0);
+        assert!(side.take_unmarked(0), "a failed mark covers nothing");
+        side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
+        assert!(side.take_unmarked(0) && !side.take_unmarked(0), "once marked, nothing until more work");
+        assert!(side.take_unmarked(64) && side.take_unmarked(64), "past the 64th device: always marks");
+    }
 
     fn tracked_stream() -> (StreamRegistry, Arc<StreamWork>, Arc<Barriers>) {
         let mut registry = StreamRegistry::default();

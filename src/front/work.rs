@@ -19,19 +19,36 @@ use cudarc::driver::sys::{CUlaunchConfig, CUDA_LAUNCH_PARAMS};
 
 use crate::core::allocator::Allocator;
 use crate::core::config::Config;
+use crate::core::streams::NullStream;
 use crate::cuda::driver;
 use crate::cuda::gpu::Stream;
 
 /// `CUDA_VERSION` of the headers the list of entry points was checked against.
 pub const CHECKED_CUDA_VERSION: i32 = 13000;
 
-/// Runs `real`, a driver call that issues work on `streams`, between the
-/// core's steps for them (`Allocator::issue_work`).
-pub fn issue(allocator: &Allocator, streams: &[Stream], real: impl FnOnce() -> u32) -> u32 {
+/// Runs `real`, the driver export `name`, a call that issues work on
+/// `streams`, between the core's steps for them (`Allocator::issue_work`)
+/// where work is tracked.
+pub fn issue(allocator: &Allocator, name: &str, streams: &[Stream], real: impl FnOnce() -> u32) -> u32 {
     match driver::loaded() {
-        Some(driver) => allocator.issue_work(driver, streams, real),
-        None => real(),
+        Some(driver) if tracked(&allocator.config) => allocator.issue_work(driver, streams, null_stream(name), real),
+        _ => real(),
     }
+}
+
+/// What a null stream handle names in the export `name`.
+fn null_stream(name: &str) -> NullStream {
+    if name.ends_with("_ptsz") || name.ends_with("_ptds") {
+        NullStream::PerThread
+    } else {
+        NullStream::Legacy
+    }
+}
+
+/// The stream of a `_ptds` call, which names none: the calling thread's
+/// per-thread default stream.
+pub fn per_thread_stream() -> [Stream; 1] {
+    [Stream(std::ptr::null_mut())]
 }
 
 /// The stream a handle passed as an integer argument names.
@@ -39,7 +56,7 @@ pub fn stream(handle: usize) -> Stream {
     Stream(handle as *mut c_void)
 }
 
-/// Whether the work of new non-blocking streams is tracked: asked for
+/// Whether work on streams is tracked: asked for
 /// (`SOMA_TRACK_WORK`), and the driver is no newer than the CUDA whose entry
 /// points the shim wraps (a newer one may issue work through one the shim
 /// does not know). Decided once, before the first stream is registered.
