@@ -432,7 +432,9 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, function: *mut Handle, version: c_int, flags: u64) -> u32 {
     let real = || unsafe { cu::cuGetProcAddress(symbol, function, version, flags) };
-    guarded_lookup(|| unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real) }, real)
+    let passes_unseen = || front::hooks::allocator().work_passes_unseen();
+    let lookup = || unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real, passes_unseen) };
+    guarded_lookup(lookup, real)
 }
 
 #[no_mangle]
@@ -444,7 +446,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     status: *mut c_int,
 ) -> u32 {
     let real = || unsafe { cu::cuGetProcAddress_v2(symbol, function, version, flags, status) };
-    guarded_lookup(|| unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real) }, real)
+    let passes_unseen = || front::hooks::allocator().work_passes_unseen();
+    let lookup = || unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real, passes_unseen) };
+    guarded_lookup(lookup, real)
 }
 
 // ---- the driver entry points handed out --------------------------------------
@@ -501,11 +505,12 @@ macro_rules! work_entry_points {
             #[allow(unused_unsafe)] // only some lines read the streams through a pointer
             pub unsafe extern "C" fn $name($($arg: usize),*) -> u32 {
                 let real = || unsafe { real_work::$name($($arg),*) };
-                // SAFETY: the streams are read from the caller's arguments, valid by the call's contract.
-                guarded(
-                    || front::work::issue(front::hooks::allocator(), stringify!($name), &unsafe { $streams }, real),
-                    real,
-                )
+                // SAFETY (both): the streams are read from the caller's arguments, valid by the call's contract.
+                let name = stringify!($name);
+                let hooked = || front::work::issue(front::hooks::allocator(), name, &unsafe { $streams }, real);
+                let made = front::hooks::allocator_if_made;
+                let past_hooks = || front::work::issue_past_hooks(made(), name, &unsafe { $streams }, real);
+                guarded(hooked, past_hooks)
             }
         )*
         /// The exports above, as `dlsym` and `cuGetProcAddress` hand them out.

@@ -911,8 +911,21 @@ impl Allocator {
         } else {
             issue()
         };
-        self.side_work.issued(streams, null);
+        self.note_work(streams, null);
         issued
+    }
+
+    /// Work was issued on `streams`: noted for the blocks kept in the legacy
+    /// stream's order (`SideWork`). Also for a call that passed the hooks'
+    /// other steps (re-entered inside a hook, or after a hook failed).
+    pub fn note_work(&self, streams: &[Stream], null: NullStream) {
+        self.side_work.issued(streams, null);
+    }
+
+    /// Calls may issue work past the hooks from now on: every block kept in
+    /// the legacy stream's order takes a mark.
+    pub fn work_passes_unseen(&self) {
+        self.side_work.passes_unseen();
     }
 
     /// The work record of `stream` if tracked, after its owed barrier wait.

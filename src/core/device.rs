@@ -448,8 +448,9 @@ impl Device {
 
     /// Returns the block at `ptr` to the pool once all work issued so far on
     /// every stream of this device has finished: with only blocking streams,
-    /// on the legacy stream at once, or kept in the cache after a mark there
-    /// (`SOMA_LEGACY_CACHE`); else through the queue of pending frees. The
+    /// on the legacy stream at once, or kept in the cache in that stream's
+    /// order (`SOMA_LEGACY_CACHE`, `order_kept`); else through the queue of
+    /// pending frees. The
     /// device's context must be current, and `after` must stay the device's
     /// streams until this returns.
     pub fn free(
@@ -503,16 +504,7 @@ impl Device {
     /// streams once a mark follows that (`SideWork`). A non-blocking stream
     /// made later waits for a newer mark (`leave_legacy_stream`).
     fn order_kept(&self, driver: &impl Gpu, side_work: &SideWork) -> Option<bool> {
-        if !side_work.take_unmarked(self.ordinal) {
-            return Some(false);
-        }
-        match driver.record(self.legacy_free_mark, Stream::LEGACY) {
-            Ok(()) => Some(true),
-            Err(_) => {
-                side_work.mark_failed(self.ordinal);
-                None
-            }
-        }
+        side_work.order_kept(self.ordinal, || driver.record(self.legacy_free_mark, Stream::LEGACY).is_ok())
     }
 
     /// Whether allocations go on the legacy stream, where blocks freed there
@@ -540,7 +532,11 @@ impl Device {
     /// every stream made after it until the host has waited for a mark. A
     /// stream made while another thread still waits for a mark waits too:
     /// the blocks that mark covers are not yet known to be free of old work.
-    /// Called with the stream registry locked for writing.
+    /// Whenever the new stream waits only on the GPU, for a mark that may be
+    /// older than some blocks kept in the legacy stream's order (a kept free
+    /// marks only after work off the legacy stream), those go back to the
+    /// queue, to be joined as any free. Called with the stream registry
+    /// locked for writing.
     pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<bool> {
         // Both swapped: once the host has waited for the mark, every block
         // reused on the legacy stream so far has passed its free.
@@ -551,12 +547,16 @@ impl Device {
         }
         if capturing {
             self.mark_waited_on_gpu_only.store(true, Relaxed);
+            // Blocks kept since the last mark recorded may still have old
+            // work after it: joined before reuse instead.
+            self.pending.requeue_in_legacy_order();
             return driver.wait_event(made, self.legacy_free_mark).map(|()| false);
         }
         if let Err(e) = driver.record(self.legacy_free_mark, Stream::LEGACY) {
             // Unmarked: the new stream waits on the GPU for the last mark
             // instead, and so does every stream made until the host waits.
             self.mark_waited_on_gpu_only.store(true, Relaxed);
+            self.pending.requeue_in_legacy_order();
             driver.wait_event(made, self.legacy_free_mark)?;
             return Err(e);
         }

@@ -126,12 +126,16 @@ pub struct SimGpu {
     /// Another thread's steps, run once right after the next wait the given
     /// stream is made to make: a test's way to land them mid-barrier.
     pub after_next_wait: Mutex<Option<(Stream, Steps)>>,
+    /// Another thread's steps, run once right before the next event record
+    /// on the legacy stream is issued.
+    pub before_next_legacy_record: Mutex<Option<Steps>>,
     /// While set, every event record on the legacy stream fails, as a
     /// driver error would make it.
     pub fail_legacy_records: AtomicBool,
 }
 
-/// Steps of another thread, for `SimGpu::after_next_wait`.
+/// Steps of another thread, for `SimGpu::after_next_wait` and
+/// `SimGpu::before_next_legacy_record`.
 pub type Steps = Box<dyn FnOnce() + Send>;
 
 const CONTEXT: Context = Context(0x10 as *mut c_void);
@@ -162,6 +166,7 @@ impl SimGpu {
                 calls: HashMap::new(),
             }),
             after_next_wait: Mutex::new(None),
+            before_next_legacy_record: Mutex::new(None),
             fail_legacy_records: AtomicBool::new(false),
         }
     }
@@ -591,8 +596,14 @@ impl Gpu for SimGpu {
     }
 
     fn record(&self, event: Event, stream: Stream) -> CuResult<()> {
-        let mut s = self.note("record");
         let key = stream.0 as usize;
+        if key == LEGACY {
+            let steps = self.before_next_legacy_record.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(steps) = steps {
+                steps();
+            }
+        }
+        let mut s = self.note("record");
         if key == LEGACY && self.fail_legacy_records.load(Relaxed) {
             return Err(INVALID_VALUE);
         }

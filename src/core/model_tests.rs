@@ -990,6 +990,63 @@ fn a_block_used_on_the_legacy_stream_alone_is_kept_without_a_mark() {
     }
 }
 
+/// Two threads keep blocks at once: one takes the device's bit for work
+/// off the legacy stream, and before its mark is recorded the other frees a
+/// block that work used, takes it back and uses it on another blocking
+/// stream. The second free must mark too: the first's mark is not there yet.
+#[test]
+fn a_free_while_another_frees_mark_is_on_its_way_marks_too() {
+    for seed in 0..32 {
+        // The other thread's steps borrow both for the life of the process.
+        let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(seed, CAPACITY)));
+        let shim: &'static Allocator = Box::leak(Box::new(allocator(&[("SOMA_LEGACY_CACHE", "on")])));
+        let (first, second) = (gpu.program_stream(false), gpu.program_stream(false));
+        let y = Shim::malloc(shim, gpu, MIB).expect("pooled");
+        let z = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
+        let old = Touch { ptr: z, generation: gpu.next_generation(z) };
+        shim.launch(gpu, first, Some(old));
+        gpu.program_freed(old);
+        *gpu.before_next_legacy_record.lock().expect("unpoisoned") = Some(Box::new(move || {
+            Shim::free(shim, gpu, z);
+            let again = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
+            assert_eq!(again, z, "seed {seed}: the kept block");
+            shim.launch(gpu, second, Some(Touch { ptr: z, generation: gpu.next_generation(z) }));
+        }));
+        Shim::free(shim, gpu, y);
+        assert!(gpu.before_next_legacy_record.lock().expect("unpoisoned").is_none(), "the steps ran");
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
+    }
+}
+
+/// A block kept with no mark (its old work on the legacy stream alone), then
+/// a non-blocking stream made while no mark can be recorded, which waits on
+/// the GPU for the last mark recorded, older than the free: the block is not
+/// handed out, for use on that stream, before its old work is done.
+#[test]
+fn a_block_kept_without_a_mark_is_not_reused_past_a_stream_that_missed_its_mark() {
+    for seed in 0..32 {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[]);
+        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
+        shim.launch(&gpu, Stream::LEGACY, Some(touch));
+        gpu.program_freed(touch);
+        Shim::free(&shim, &gpu, ptr);
+        let device = shim.stats.device(0);
+        let kept = (device.total(|t| &t.legacy_cached_frees), device.total(|t| &t.legacy_marked_frees));
+        assert_eq!(kept, (1, 0), "seed {seed}: kept with no mark");
+        gpu.fail_legacy_records.store(true, Ordering::Relaxed);
+        let nonblocking = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, nonblocking);
+        gpu.fail_legacy_records.store(false, Ordering::Relaxed);
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        shim.launch(&gpu, nonblocking, Some(Touch { ptr: again, generation: gpu.next_generation(again) }));
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
+    }
+}
+
 /// A block kept in the legacy stream's order, then a non-blocking stream
 /// made while no mark can be recorded (it waits on the GPU for the last mark
 /// recorded): the block is not handed out, for use on that stream, before its

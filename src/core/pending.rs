@@ -27,8 +27,8 @@
 //! Such a block goes back to the pool in the legacy stream's order (the old
 //! work may still run), where only the legacy stream reuses it at once. So
 //! does a block the program freed with only blocking streams, which the
-//! cache may take at once after a mark on the legacy stream
-//! (`cache_in_legacy_order`, `SOMA_LEGACY_CACHE`).
+//! cache may take at once, ordered by the legacy stream and a mark there
+//! where needed (`cache_in_legacy_order`, `SOMA_LEGACY_CACHE`).
 //!
 //! Locks: the queue and the cache are held for a push or a pop, never over a
 //! driver call, so program threads never wait on a driver call of another's.
@@ -414,10 +414,36 @@ impl PendingFrees {
         self.cache_pending(batch.blocks, batch.bytes, false);
     }
 
-    /// The program freed `ptr` with only blocking streams, after a mark on
-    /// the legacy stream: cached at once, for reuse in that stream's order.
+    /// The program freed `ptr` with only blocking streams, ordered by the
+    /// legacy stream (`Device::free`): cached at once, for reuse in that
+    /// stream's order.
     pub fn cache_in_legacy_order(&self, ptr: u64, size: u64) {
         self.cache([Block { ptr, size }], size, true);
+    }
+
+    /// Moves the blocks cached in the legacy stream's order back to the
+    /// queue, to be joined as any free: a stream made now that cannot wait
+    /// for a mark over all the legacy stream's work (`Device::leave_legacy_stream`)
+    /// may not take one before its old work has passed.
+    pub fn requeue_in_legacy_order(&self) {
+        let mut moved = Vec::new();
+        {
+            let mut cache = lock(&self.cache);
+            for (&size, blocks) in cache.iter_mut() {
+                blocks.retain(|cached| {
+                    if cached.in_legacy_order {
+                        moved.push(Block { ptr: cached.ptr, size });
+                    }
+                    !cached.in_legacy_order
+                });
+            }
+            cache.retain(|_, blocks| !blocks.is_empty());
+        }
+        // Counted as pending before no longer as cached: the bytes held never dip.
+        self.pending_bytes.fetch_add(moved.iter().map(|block| block.size).sum(), Relaxed);
+        let sizes: Vec<u64> = moved.iter().map(|block| block.size).collect();
+        lock(&self.queued).extend(moved);
+        sizes.into_iter().for_each(|size| self.uncount_cached(size));
     }
 
     /// Moves pending blocks (`bytes` in all) into the cache.

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::cuda::gpu::{Context, Event, Stream};
@@ -184,19 +184,34 @@ fn is_legacy(stream: Stream, null: NullStream) -> bool {
 /// only for such work: the next owner's work, on any blocking stream, waits
 /// for the legacy stream's work before it, the old owner's there included.
 /// Valid only where the hooks see every call that issues work; until one is
-/// reported every free marks.
-#[derive(Default)]
+/// reported, and once a call may have passed them, every kept free marks.
 pub struct SideWork {
-    /// A call that issues work was reported: the hooks see them all, so
-    /// none ran before.
+    /// A call that issues work was reported: the hooks see them all.
     reported: AtomicBool,
+    /// A call that issues work may pass the hooks unseen (a variant of an
+    /// entry point the shim does not wrap was handed out).
+    unseen: AtomicBool,
     /// Bit `d`: device `d` may have work not marked.
     unmarked: AtomicU64,
+    /// Per device: frees that took its bit and have not yet recorded their
+    /// mark. Until they have, a free that finds the bit clear marks too.
+    marking: [AtomicU32; 64],
+}
+
+impl Default for SideWork {
+    fn default() -> Self {
+        SideWork {
+            reported: AtomicBool::new(false),
+            unseen: AtomicBool::new(false),
+            unmarked: AtomicU64::new(0),
+            marking: [const { AtomicU32::new(0) }; 64],
+        }
+    }
 }
 
 impl SideWork {
     /// A call issued work on `streams` (reported once it returned: a mark
-    /// that clears the bits before this is recorded after the work).
+    /// that takes the bits before this is recorded after the work).
     /// Written only on a change, as every launch of every thread reports.
     pub fn issued(&self, streams: &[Stream], null: NullStream) {
         if !self.reported.load(Ordering::Relaxed) {
@@ -204,31 +219,53 @@ impl SideWork {
         }
         let off_legacy = streams.iter().any(|&stream| !is_legacy(stream, null));
         if off_legacy && self.unmarked.load(Ordering::Relaxed) != u64::MAX {
-            self.unmarked.store(u64::MAX, Ordering::Release);
+            self.unmarked.fetch_or(u64::MAX, Ordering::AcqRel);
         }
+    }
+
+    /// Calls may issue work past the hooks from now on.
+    pub fn passes_unseen(&self) {
+        self.unseen.store(true, Ordering::Release);
     }
 
     /// Whether device `ordinal` may have work off the legacy stream not yet
     /// marked there.
     pub fn unmarked(&self, ordinal: i32) -> bool {
-        !self.reported.load(Ordering::Acquire)
-            || device_bit(ordinal).is_none_or(|bit| self.unmarked.load(Ordering::Acquire) & bit != 0)
+        self.blind() || device_bit(ordinal).is_none_or(|bit| self.unmarked.load(Ordering::Acquire) & bit != 0)
     }
 
-    /// A mark is about to be recorded on device `ordinal`'s legacy stream:
-    /// whether it is needed (`unmarked`), cleared so that work reported from
-    /// now on sets it again. If the mark then fails, `mark_failed`.
-    pub fn take_unmarked(&self, ordinal: i32) -> bool {
-        if !self.reported.load(Ordering::Acquire) {
-            return true;
+    /// Orders a block kept in device `ordinal`'s legacy stream order after
+    /// its old owner's work: runs `mark` (a record on that legacy stream) if
+    /// work may have gone off the legacy stream since the last mark, or while
+    /// the mark of another free that took the bit is not yet recorded.
+    /// Whether it marked; None if the mark failed (the work stays unmarked).
+    pub fn order_kept(&self, ordinal: i32, mark: impl FnOnce() -> bool) -> Option<bool> {
+        let (Some(bit), false) = (device_bit(ordinal), self.blind()) else {
+            return mark().then_some(true);
+        };
+        let marking = &self.marking[ordinal as usize];
+        // Counted before the bit is taken: a free that then finds it clear
+        // sees the count until this mark is recorded.
+        marking.fetch_add(1, Ordering::SeqCst);
+        let took_bit = self.unmarked.fetch_and(!bit, Ordering::SeqCst) & bit != 0;
+        if !took_bit {
+            marking.fetch_sub(1, Ordering::SeqCst);
+            if marking.load(Ordering::SeqCst) == 0 {
+                return Some(false);
+            }
         }
-        device_bit(ordinal).is_none_or(|bit| self.unmarked.fetch_and(!bit, Ordering::AcqRel) & bit != 0)
+        let marked = mark();
+        if !marked {
+            self.unmarked.fetch_or(bit, Ordering::SeqCst);
+        }
+        if took_bit {
+            marking.fetch_sub(1, Ordering::SeqCst);
+        }
+        marked.then_some(true)
     }
 
-    pub fn mark_failed(&self, ordinal: i32) {
-        if let Some(bit) = device_bit(ordinal) {
-            self.unmarked.fetch_or(bit, Ordering::AcqRel);
-        }
+    fn blind(&self) -> bool {
+        !self.reported.load(Ordering::Acquire) || self.unseen.load(Ordering::Acquire)
     }
 }
 
@@ -367,19 +404,52 @@ mod tests {
     #[test]
     fn work_off_the_legacy_stream_needs_a_mark_on_every_device_until_each_marks() {
         let side = SideWork::default();
-        assert!(side.unmarked(0) && side.take_unmarked(0), "nothing reported yet: every free marks");
+        let marks = std::cell::Cell::new(0);
+        let mark = |ok: bool| {
+            marks.set(marks.get() + 1);
+            ok
+        };
+        assert!(side.unmarked(0), "nothing reported yet");
+        assert_eq!(side.order_kept(0, || mark(true)), Some(true), "nothing reported yet: every free marks");
         let null = Stream(std::ptr::null_mut());
         side.issued(&[Stream::LEGACY, null], NullStream::Legacy);
         assert!(!side.unmarked(0) && !side.unmarked(1), "the legacy stream's work alone");
+        assert_eq!(side.order_kept(0, || mark(true)), Some(false));
         side.issued(&[null], NullStream::PerThread);
         assert!(side.unmarked(0) && side.unmarked(1), "a per-thread call's null stream is not the legacy stream");
-        assert!(side.take_unmarked(0));
+        assert_eq!(side.order_kept(0, || mark(true)), Some(true));
         assert!(!side.unmarked(0) && side.unmarked(1), "marked on device 0 only");
-        side.mark_failed(0);
-        assert!(side.take_unmarked(0), "a failed mark covers nothing");
         side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
-        assert!(side.take_unmarked(0) && !side.take_unmarked(0), "once marked, nothing until more work");
-        assert!(side.take_unmarked(64) && side.take_unmarked(64), "past the 64th device: always marks");
+        assert_eq!(side.order_kept(0, || mark(false)), None, "a failed mark");
+        assert_eq!(side.order_kept(0, || mark(true)), Some(true), "a failed mark covers nothing");
+        assert_eq!(side.order_kept(0, || mark(true)), Some(false), "once marked, nothing until more work");
+        assert_eq!(side.order_kept(64, || mark(true)), Some(true), "past the 64th device: always marks");
+        assert_eq!(marks.get(), 5);
+        side.passes_unseen();
+        assert!(side.unmarked(0));
+        assert_eq!(side.order_kept(0, || mark(true)), Some(true), "work may pass the hooks: every free marks");
+    }
+
+    /// A free that finds the bit clear while the free that took it has not
+    /// yet recorded its mark cannot rely on that mark: it marks too.
+    #[test]
+    fn a_free_during_another_frees_mark_marks_too() {
+        let side = SideWork::default();
+        side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
+        let during = side.order_kept(0, || {
+            let inner = side.order_kept(0, || true);
+            assert_eq!(inner, Some(true), "the bit was taken, its mark not yet recorded");
+            true
+        });
+        assert_eq!(during, Some(true));
+        assert_eq!(side.order_kept(0, || true), Some(false), "both recorded: none needed");
+        side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
+        let failed = side.order_kept(0, || {
+            assert_eq!(side.order_kept(0, || false), None);
+            false
+        });
+        assert_eq!(failed, None);
+        assert!(side.unmarked(0), "failed marks leave the work unmarked");
     }
 
     fn tracked_stream() -> (StreamRegistry, Arc<StreamWork>, Arc<Barriers>) {

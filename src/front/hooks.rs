@@ -27,10 +27,16 @@ use super::ipc;
 /// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
 pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPtr};
 
+static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
+
+/// The allocator if a call has made it already.
+pub fn allocator_if_made() -> Option<&'static Allocator> {
+    ALLOCATOR.get()
+}
+
 /// The process's allocator. The first call reads the configuration; a bad
 /// value ends the process with status 2 before anything is allocated.
 pub fn allocator() -> &'static Allocator {
-    static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
     ALLOCATOR.get_or_init(|| {
         let mut config = match Config::from_environment(std::env::vars_os()) {
             Ok(config) => config,

@@ -36,6 +36,21 @@ pub fn issue(allocator: &Allocator, name: &str, streams: &[Stream], real: impl F
     }
 }
 
+/// Runs `real` as `issue` would when the hooks are passed by (a call made
+/// inside a hook, or after a hook failed): the work is still noted.
+pub fn issue_past_hooks(
+    allocator: Option<&Allocator>,
+    name: &str,
+    streams: &[Stream],
+    real: impl FnOnce() -> u32,
+) -> u32 {
+    let rc = real();
+    if let Some(allocator) = allocator.filter(|allocator| tracked(&allocator.config)) {
+        allocator.note_work(streams, null_stream(name));
+    }
+    rc
+}
+
 /// What a null stream handle names in the export `name`.
 fn null_stream(name: &str) -> NullStream {
     if name.ends_with("_ptsz") || name.ends_with("_ptds") {
