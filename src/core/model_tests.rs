@@ -1019,51 +1019,28 @@ fn a_free_while_another_frees_mark_is_on_its_way_marks_too() {
     }
 }
 
-/// A block kept with no mark (its old work on the legacy stream alone), then
-/// a non-blocking stream made while no mark can be recorded, which waits on
-/// the GPU for the last mark recorded, older than the free: the block is not
-/// handed out, for use on that stream, before its old work is done.
-#[test]
-fn a_block_kept_without_a_mark_is_not_reused_past_a_stream_that_missed_its_mark() {
-    for seed in 0..32 {
-        let gpu = SimGpu::new(seed, CAPACITY);
-        let shim = allocator(&[]);
-        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
-        shim.launch(&gpu, Stream::LEGACY, Some(touch));
-        gpu.program_freed(touch);
-        Shim::free(&shim, &gpu, ptr);
-        let device = shim.stats.device(0);
-        let kept = (device.total(|t| &t.legacy_cached_frees), device.total(|t| &t.legacy_marked_frees));
-        assert_eq!(kept, (1, 0), "seed {seed}: kept with no mark");
-        gpu.fail_legacy_records.store(true, Ordering::Relaxed);
-        let nonblocking = gpu.program_stream(true);
-        Shim::stream_created(&shim, &gpu, nonblocking);
-        gpu.fail_legacy_records.store(false, Ordering::Relaxed);
-        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        shim.launch(&gpu, nonblocking, Some(Touch { ptr: again, generation: gpu.next_generation(again) }));
-        gpu.drain();
-        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
-    }
-}
-
 /// A block kept in the legacy stream's order, then a non-blocking stream
 /// made while no mark can be recorded (it waits on the GPU for the last mark
 /// recorded): the block is not handed out, for use on that stream, before its
 /// old work is done, although marks work again by the next allocation. (The
 /// mark recorded at the free covers it; one recorded at the reuse instead
-/// did not.)
+/// did not.) The same for a block kept with no mark, its old work on the
+/// legacy stream alone: the last mark is older than its free.
 #[test]
 fn a_kept_block_is_not_reused_past_a_stream_that_missed_its_mark() {
-    for seed in 0..32 {
+    let cases = [("on", true, (1, 1)), ("auto", false, (1, 0))];
+    for (seed, (cache, old_off_legacy, kept)) in (0..32).flat_map(|seed| cases.map(|case| (seed, case))) {
         let gpu = SimGpu::new(seed, CAPACITY);
-        let shim = allocator(&[("SOMA_LEGACY_CACHE", "on")]);
-        let blocking = gpu.program_stream(false);
+        let shim = allocator(&[("SOMA_LEGACY_CACHE", cache)]);
+        let old_stream = if old_off_legacy { gpu.program_stream(false) } else { Stream::LEGACY };
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
-        shim.launch(&gpu, blocking, Some(touch));
+        shim.launch(&gpu, old_stream, Some(touch));
         gpu.program_freed(touch);
         Shim::free(&shim, &gpu, ptr);
+        let device = shim.stats.device(0);
+        let counted = (device.total(|t| &t.legacy_cached_frees), device.total(|t| &t.legacy_marked_frees));
+        assert_eq!(counted, kept, "seed {seed}, {cache}: frees kept, and marked");
         gpu.fail_legacy_records.store(true, Ordering::Relaxed);
         let nonblocking = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, nonblocking);
@@ -1071,7 +1048,7 @@ fn a_kept_block_is_not_reused_past_a_stream_that_missed_its_mark() {
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         shim.launch(&gpu, nonblocking, Some(Touch { ptr: again, generation: gpu.next_generation(again) }));
         gpu.drain();
-        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
+        assert!(gpu.violations().is_empty(), "seed {seed}, {cache}: {:?}", gpu.violations());
     }
 }
 
