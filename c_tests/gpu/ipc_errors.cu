@@ -5,7 +5,8 @@
  * an address that was never opened, a forged handle, an all-zero handle, a
  * NULL out-pointer, the handle of a block the exporter has freed, and the
  * handle of an exporter that has exited; two threads opening, reading and
- * closing one handle at once (a close must not unmap the other's open).
+ * closing one handle at once (a close must not unmap the other's open:
+ * checked under the shim only, as the real driver fails it at times).
  * Every code is printed and compared with the native run. */
 #include "ipc_common.h"
 
@@ -35,6 +36,16 @@ static void *open_read_close(void *unused) {
     }
   }
   return (void *)failures;
+}
+
+/* Whether the shim is loaded in this process. */
+static int under_shim(void) {
+  FILE *maps = fopen("/proc/self/maps", "r");
+  char line[4096];
+  int found = 0;
+  while (maps && !found && fgets(line, sizeof line, maps)) found = strstr(line, "libsomashim") != NULL;
+  if (maps) fclose(maps);
+  return found;
 }
 
 static int importer(const char *hex) {
@@ -71,7 +82,14 @@ static int importer(const char *hex) {
   CHECK(pthread_create(&other, NULL, open_read_close, NULL) == 0);
   long mine = (long)open_read_close(NULL);
   CHECK(pthread_join(other, &theirs) == 0);
-  printf("two threads opening, reading and closing at once: %s\n", mine + (long)theirs == 0 ? "all succeeded" : "failures");
+  /* The real driver fails here itself at times (two of six native runs on
+   * 2026-11-26 had failures): the native run is no reference for this part.
+   * Under the shim every open, read and close must succeed. */
+  long failures = mine + (long)theirs;
+  int shim = under_shim();
+  if (failures) fprintf(stderr, "two threads at once: %ld failures (%s)\n", failures, shim ? "shim" : "native");
+  if (shim) CHECK(failures == 0);
+  printf("two threads opening, reading and closing at once: done\n");
   cudaGetLastError();
   return check_failures == 0 ? 0 : 1;
 }
