@@ -24,7 +24,7 @@ mod front;
 
 pub use crate::core::config::{Config, VARIABLES};
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 use cuda::real::{driver as cu, runtime as rt, IpcMemHandle};
 use front::driver_door::{EntryPoint, ALLOC_HOST_FLAGS, INVALID_VALUE, OUT_OF_MEMORY};
@@ -429,10 +429,17 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     guarded(|| unsafe { front::hooks::mem_get_info(free, total, real) }, real)
 }
 
+/// `cuGetProcAddress` handed out a variant of `name` that the shim does not
+/// wrap: if `name` issues work, its calls pass the hooks unseen from now on.
+fn passes_unseen(name: &CStr) {
+    if WORK_ENTRY_POINTS.iter().any(|EntryPoint(work, _)| *work == name) {
+        front::hooks::allocator().work_passes_unseen();
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, function: *mut Handle, version: c_int, flags: u64) -> u32 {
     let real = || unsafe { cu::cuGetProcAddress(symbol, function, version, flags) };
-    let passes_unseen = || front::hooks::allocator().work_passes_unseen();
     let lookup = || unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real, passes_unseen) };
     guarded_lookup(lookup, real)
 }
@@ -446,7 +453,6 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     status: *mut c_int,
 ) -> u32 {
     let real = || unsafe { cu::cuGetProcAddress_v2(symbol, function, version, flags, status) };
-    let passes_unseen = || front::hooks::allocator().work_passes_unseen();
     let lookup = || unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real, passes_unseen) };
     guarded_lookup(lookup, real)
 }

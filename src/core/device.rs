@@ -532,10 +532,9 @@ impl Device {
     /// every stream made after it until the host has waited for a mark. A
     /// stream made while another thread still waits for a mark waits too:
     /// the blocks that mark covers are not yet known to be free of old work.
-    /// Whenever the new stream waits only on the GPU, for a mark that may be
-    /// older than some blocks kept in the legacy stream's order (a kept free
-    /// marks only after work off the legacy stream), those go back to the
-    /// queue, to be joined as any free. Called with the stream registry
+    /// Where a mark cannot be recorded, the host waits for the legacy stream
+    /// instead: a block kept with no mark (`order_kept`) has old work there
+    /// that an older mark does not cover. Called with the stream registry
     /// locked for writing.
     pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<bool> {
         // Both swapped: once the host has waited for the mark, every block
@@ -547,17 +546,18 @@ impl Device {
         }
         if capturing {
             self.mark_waited_on_gpu_only.store(true, Relaxed);
-            // Blocks kept since the last mark recorded may still have old
-            // work after it: joined before reuse instead.
-            self.pending.requeue_in_legacy_order();
             return driver.wait_event(made, self.legacy_free_mark).map(|()| false);
         }
         if let Err(e) = driver.record(self.legacy_free_mark, Stream::LEGACY) {
-            // Unmarked: the new stream waits on the GPU for the last mark
-            // instead, and so does every stream made until the host waits.
-            self.mark_waited_on_gpu_only.store(true, Relaxed);
-            self.pending.requeue_in_legacy_order();
-            driver.wait_event(made, self.legacy_free_mark)?;
+            // Unmarked: the host waits for the legacy stream itself (a block
+            // kept with no mark, cached or handed out, has old work there
+            // that the last mark does not cover). Failing that, the new
+            // stream waits on the GPU for the last mark, and so does every
+            // stream made until the host waits.
+            if driver.synchronize_stream(Stream::LEGACY).is_err() {
+                self.mark_waited_on_gpu_only.store(true, Relaxed);
+                driver.wait_event(made, self.legacy_free_mark)?;
+            }
             return Err(e);
         }
         self.mark_waiters.fetch_add(1, Relaxed);
@@ -589,12 +589,14 @@ impl Device {
 
     /// A first capture is about to begin: marks the legacy stream's work so
     /// far, for a non-blocking stream made during it (`leave_legacy_stream`).
-    /// The device's context must be current.
+    /// If the mark fails, the host waits for that work instead (a block kept
+    /// with no mark has old work there the last mark does not cover). The
+    /// device's context must be current.
     pub fn mark_before_capture(&self, driver: &impl Gpu) -> CuResult<()> {
         if !self.reuses_on_legacy_stream() {
             return Ok(());
         }
-        driver.record(self.legacy_free_mark, Stream::LEGACY)
+        driver.record(self.legacy_free_mark, Stream::LEGACY).or_else(|_| driver.synchronize_stream(Stream::LEGACY))
     }
 
     /// The program is about to free one of the pool's blocks itself

@@ -1020,36 +1020,66 @@ fn a_free_while_another_frees_mark_is_on_its_way_marks_too() {
 }
 
 /// A block kept in the legacy stream's order, then a non-blocking stream
-/// made while no mark can be recorded (it waits on the GPU for the last mark
-/// recorded): the block is not handed out, for use on that stream, before its
-/// old work is done, although marks work again by the next allocation. (The
-/// mark recorded at the free covers it; one recorded at the reuse instead
-/// did not.) The same for a block kept with no mark, its old work on the
-/// legacy stream alone: the last mark is older than its free.
+/// made while no mark can be recorded: the block is not used on that stream
+/// before its old work is done, although marks work again by the next
+/// allocation. (The mark recorded at the free covers it; one recorded at
+/// the reuse instead did not.) The same for a block kept with no mark, its
+/// old work on the legacy stream alone, handed out before the stream is made
+/// or after: the last mark is older than its free, so the host waits.
 #[test]
 fn a_kept_block_is_not_reused_past_a_stream_that_missed_its_mark() {
-    let cases = [("on", true, (1, 1)), ("auto", false, (1, 0))];
-    for (seed, (cache, old_off_legacy, kept)) in (0..32).flat_map(|seed| cases.map(|case| (seed, case))) {
+    let cases = [("on", true, (1, 1), false), ("auto", false, (1, 0), false), ("auto", false, (1, 0), true)];
+    for (seed, case) in (0..32).flat_map(|seed| cases.map(|case| (seed, case))) {
+        let (cache, old_off_legacy, kept, handed_out_first) = case;
         let gpu = SimGpu::new(seed, CAPACITY);
         let shim = allocator(&[("SOMA_LEGACY_CACHE", cache)]);
         let old_stream = if old_off_legacy { gpu.program_stream(false) } else { Stream::LEGACY };
-        let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
-        shim.launch(&gpu, old_stream, Some(touch));
-        gpu.program_freed(touch);
-        Shim::free(&shim, &gpu, ptr);
+        used_then_freed(&shim, &gpu, old_stream);
         let device = shim.stats.device(0);
         let counted = (device.total(|t| &t.legacy_cached_frees), device.total(|t| &t.legacy_marked_frees));
-        assert_eq!(counted, kept, "seed {seed}, {cache}: frees kept, and marked");
+        assert_eq!(counted, kept, "seed {seed}, {case:?}: frees kept, and marked");
+        let early = handed_out_first.then(|| Shim::malloc(&shim, &gpu, MIB).expect("pooled"));
         gpu.fail_legacy_records.store(true, Ordering::Relaxed);
         let nonblocking = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, nonblocking);
         gpu.fail_legacy_records.store(false, Ordering::Relaxed);
+        let again = early.unwrap_or_else(|| Shim::malloc(&shim, &gpu, MIB).expect("pooled"));
+        shim.launch(&gpu, nonblocking, Some(Touch { ptr: again, generation: gpu.next_generation(again) }));
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "seed {seed}, {case:?}: {:?}", gpu.violations());
+    }
+}
+
+/// The same when the mark fails as a capture begins, and the stream is made
+/// during the capture (which forbids the host to wait on the legacy stream):
+/// the host waited before the capture began.
+#[test]
+fn a_block_kept_with_no_mark_is_not_reused_past_a_capture_that_missed_its_mark() {
+    for seed in 0..32 {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[]);
+        used_then_freed(&shim, &gpu, Stream::LEGACY);
+        let captured = gpu.program_stream(false);
+        gpu.fail_legacy_records.store(true, Ordering::Relaxed);
+        assert!(Shim::begin_capture(&shim, &gpu, captured, CaptureMode::Global), "seed {seed}: the capture began");
+        gpu.fail_legacy_records.store(false, Ordering::Relaxed);
+        let nonblocking = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, nonblocking);
+        Shim::end_capture(&shim, &gpu, captured);
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         shim.launch(&gpu, nonblocking, Some(Touch { ptr: again, generation: gpu.next_generation(again) }));
         gpu.drain();
-        assert!(gpu.violations().is_empty(), "seed {seed}, {cache}: {:?}", gpu.violations());
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
     }
+}
+
+/// A block of 1 MiB, used by work on `stream`, then freed.
+fn used_then_freed(shim: &Allocator, gpu: &SimGpu, stream: Stream) {
+    let ptr = Shim::malloc(shim, gpu, MIB).expect("pooled");
+    let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
+    shim.launch(gpu, stream, Some(touch));
+    gpu.program_freed(touch);
+    Shim::free(shim, gpu, ptr);
 }
 
 /// Tracked streams: one found busy at a join is asked again at the next,

@@ -421,31 +421,6 @@ impl PendingFrees {
         self.cache([Block { ptr, size }], size, true);
     }
 
-    /// Moves the blocks cached in the legacy stream's order back to the
-    /// queue, to be joined as any free: a stream made now that cannot wait
-    /// for a mark over all the legacy stream's work (`Device::leave_legacy_stream`)
-    /// may not take one before its old work has passed.
-    pub fn requeue_in_legacy_order(&self) {
-        let mut moved = Vec::new();
-        {
-            let mut cache = lock(&self.cache);
-            for (&size, blocks) in cache.iter_mut() {
-                blocks.retain(|cached| {
-                    if cached.in_legacy_order {
-                        moved.push(Block { ptr: cached.ptr, size });
-                    }
-                    !cached.in_legacy_order
-                });
-            }
-            cache.retain(|_, blocks| !blocks.is_empty());
-        }
-        // Counted as pending before no longer as cached: the bytes held never dip.
-        self.pending_bytes.fetch_add(moved.iter().map(|block| block.size).sum(), Relaxed);
-        let sizes: Vec<u64> = moved.iter().map(|block| block.size).collect();
-        lock(&self.queued).extend(moved);
-        sizes.into_iter().for_each(|size| self.uncount_cached(size));
-    }
-
     /// Moves pending blocks (`bytes` in all) into the cache.
     fn cache_pending(&self, blocks: Vec<Block>, bytes: u64, in_legacy_order: bool) {
         self.cache(blocks, bytes, in_legacy_order);

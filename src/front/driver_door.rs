@@ -66,15 +66,15 @@ fn serves(served: &[&[EntryPoint]], name: &CStr) -> bool {
 }
 
 /// `cuGetProcAddress` (both versions): the real answer, with the shim's
-/// function in place of one it wraps; `passes_unseen` runs when the answer
-/// is a variant of a wrapped name that the shim does not wrap.
+/// function in place of one it wraps; `passes_unseen` is given the name
+/// when the answer is a variant of a wrapped name that the shim does not wrap.
 /// SAFETY: `function` is writable when `real` succeeds, as its contract says.
 pub unsafe fn get_proc_address(
     symbol: *const c_char,
     function: *mut *mut c_void,
     served: &[&[EntryPoint]],
     real: impl FnOnce() -> u32,
-    passes_unseen: impl FnOnce(),
+    passes_unseen: impl FnOnce(&CStr),
 ) -> u32 {
     let rc = real();
     if rc == SUCCESS && !function.is_null() {
@@ -93,7 +93,7 @@ pub unsafe fn get_proc_address(
             // shim, which the tests must hear of.
             None if !found.is_null() && serves(served, name) => {
                 log::warn!("cuGetProcAddress({name:?}): a variant the shim does not wrap; its calls bypass the shim");
-                passes_unseen();
+                passes_unseen(name);
             }
             None => {}
         }
