@@ -859,8 +859,8 @@ impl Allocator {
             device.as_ref().map(|device| (device, device.leave_legacy_stream(driver, stream, !captures.is_empty())))
         };
         // The host waits without the registry: frees of other threads go on.
-        if let Some((device, marked)) = host_waits {
-            if let Err(e) = marked.and_then(|wait| if wait { device.wait_for_legacy_mark(driver) } else { Ok(()) }) {
+        if let Some((device, wait)) = host_waits {
+            if let Err(e) = wait.and_then(|wait| device.wait_for_new_stream(driver, stream, wait)) {
                 log::warn!("device {}: waiting for the legacy stream failed: {e:?}", device.ordinal);
             }
         }

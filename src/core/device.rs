@@ -104,7 +104,7 @@ pub struct Device {
     /// the legacy-stream work it covers may still run, so every stream made
     /// later waits for it too, until the host has waited for it.
     mark_waited_on_gpu_only: AtomicBool,
-    /// Threads waiting on the host for the mark (`wait_for_legacy_mark`):
+    /// Threads waiting on the host for the mark (`wait_for_new_stream`):
     /// until they are done, the blocks it covers may still be in use, so a
     /// stream made meanwhile waits for it too.
     mark_waiters: AtomicUsize,
@@ -147,6 +147,17 @@ pub enum Wait {
     /// Until every free has passed, and give the cache back to the pool
     /// (out of memory).
     All,
+}
+
+/// What the host waits for before a new non-blocking stream is returned
+/// (`Device::leave_legacy_stream`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostWait {
+    Nothing,
+    /// The mark just recorded on the legacy stream.
+    Mark,
+    /// The legacy stream itself: the mark could not be recorded.
+    LegacyStream,
 }
 
 /// What a free did, for the statistics and the reclaimer.
@@ -522,58 +533,63 @@ impl Device {
     /// The non-blocking stream `made` is new: from now on frees are joined,
     /// and it must not use a block reused on the legacy stream before the
     /// work that block was freed after has finished. If blocks were reused
-    /// there, the legacy stream's work so far is marked, and true returned:
-    /// the host must wait for the mark (`wait_for_legacy_mark`; the real
-    /// `cudaFree` had waited for the part of it before each free), so that
-    /// the new stream starts idle, as it would without the shim. While a
-    /// capture forbids touching the legacy stream, the new stream waits on
-    /// the GPU for the mark recorded when the first capture began (legacy
-    /// frees are deferred during captures, so it covers them all); so does
-    /// every stream made after it until the host has waited for a mark. A
-    /// stream made while another thread still waits for a mark waits too:
-    /// the blocks that mark covers are not yet known to be free of old work.
-    /// Where a mark cannot be recorded, the host waits for the legacy stream
-    /// instead: a block kept with no mark (`order_kept`) has old work there
-    /// that an older mark does not cover. Called with the stream registry
-    /// locked for writing.
-    pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<bool> {
+    /// there, the legacy stream's work so far is marked, and the host must
+    /// wait for the mark (`wait_for_new_stream`; the real `cudaFree` had
+    /// waited for the part of it before each free), so that the new stream
+    /// starts idle, as it would without the shim. While a capture forbids
+    /// touching the legacy stream, the new stream waits on the GPU for the
+    /// mark recorded when the first capture began (legacy frees are deferred
+    /// during captures, so it covers them all); so does every stream made
+    /// after it until the host has waited for a mark. A stream made while
+    /// another thread still waits for a mark waits too: the blocks that mark
+    /// covers are not yet known to be free of old work. Where a mark cannot
+    /// be recorded, the host waits for the legacy stream itself: a block kept
+    /// with no mark (`order_kept`) has old work there that an older mark does
+    /// not cover. Called with the stream registry locked for writing; the
+    /// host waits after it is released.
+    pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<HostWait> {
         // Both swapped: once the host has waited for the mark, every block
         // reused on the legacy stream so far has passed its free.
         let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed) | self.reusing_barrier_frees.swap(false, Relaxed);
         let mark_awaited = self.mark_waiters.load(Relaxed) > 0;
         if !was_on_legacy && !mark_awaited && !self.mark_waited_on_gpu_only.load(Relaxed) {
-            return Ok(false); // frees were already joined: none was reused on the legacy stream
+            return Ok(HostWait::Nothing); // frees were already joined: none was reused on the legacy stream
         }
         if capturing {
             self.mark_waited_on_gpu_only.store(true, Relaxed);
-            return driver.wait_event(made, self.legacy_free_mark).map(|()| false);
+            return driver.wait_event(made, self.legacy_free_mark).map(|()| HostWait::Nothing);
         }
         if let Err(e) = driver.record(self.legacy_free_mark, Stream::LEGACY) {
-            // Unmarked: the host waits for the legacy stream itself (a block
-            // kept with no mark, cached or handed out, has old work there
-            // that the last mark does not cover). Failing that, the new
-            // stream waits on the GPU for the last mark, and so does every
-            // stream made until the host waits.
-            if driver.synchronize_stream(Stream::LEGACY).is_err() {
-                self.mark_waited_on_gpu_only.store(true, Relaxed);
-                driver.wait_event(made, self.legacy_free_mark)?;
-            }
-            return Err(e);
+            log::warn!("device {}: marking the legacy stream failed ({e:?}): the host waits for it", self.ordinal);
+            return Ok(HostWait::LegacyStream);
         }
         self.mark_waiters.fetch_add(1, Relaxed);
-        Ok(true)
+        Ok(HostWait::Mark)
     }
 
-    /// Waits on the host for the mark `leave_legacy_stream` recorded (which
-    /// covers any mark streams made during a capture waited for on the GPU,
-    /// and any recorded before it); once after each time that returned true.
-    pub fn wait_for_legacy_mark(&self, driver: &impl Gpu) -> CuResult<()> {
-        let waited = driver.wait_for(self.legacy_free_mark);
-        if waited.is_ok() {
-            self.mark_waited_on_gpu_only.store(false, Relaxed);
+    /// Waits on the host as `leave_legacy_stream` asked, for the new stream
+    /// `made`. For the mark, once after each time it asked (which covers any
+    /// mark streams made during a capture waited for on the GPU, and any
+    /// recorded before it). If the legacy stream cannot be waited for, the
+    /// new stream waits on the GPU for the last mark instead, and so does
+    /// every stream made until the host has waited for one.
+    pub fn wait_for_new_stream(&self, driver: &impl Gpu, made: Stream, wait: HostWait) -> CuResult<()> {
+        match wait {
+            HostWait::Nothing => Ok(()),
+            HostWait::Mark => {
+                let waited = driver.wait_for(self.legacy_free_mark);
+                if waited.is_ok() {
+                    self.mark_waited_on_gpu_only.store(false, Relaxed);
+                }
+                self.mark_waiters.fetch_sub(1, Relaxed);
+                waited
+            }
+            HostWait::LegacyStream => driver.synchronize_stream(Stream::LEGACY).or_else(|e| {
+                self.mark_waited_on_gpu_only.store(true, Relaxed);
+                driver.wait_event(made, self.legacy_free_mark)?;
+                Err(e)
+            }),
         }
-        self.mark_waiters.fetch_sub(1, Relaxed);
-        waited
     }
 
     /// A block is exported to other processes (CUDA IPC) for the first
@@ -590,8 +606,9 @@ impl Device {
     /// A first capture is about to begin: marks the legacy stream's work so
     /// far, for a non-blocking stream made during it (`leave_legacy_stream`).
     /// If the mark fails, the host waits for that work instead (a block kept
-    /// with no mark has old work there the last mark does not cover). The
-    /// device's context must be current.
+    /// with no mark has old work there the last mark does not cover); the
+    /// caller holds the captures for writing, so allocations and frees stall
+    /// meanwhile, on that failure only. The device's context must be current.
     pub fn mark_before_capture(&self, driver: &impl Gpu) -> CuResult<()> {
         if !self.reuses_on_legacy_stream() {
             return Ok(());
