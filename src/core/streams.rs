@@ -244,6 +244,13 @@ impl SideWork {
     /// the mark of another free that took the bit is not yet recorded.
     /// Whether it marked; None if the mark failed (the work stays unmarked).
     pub fn order_kept(&self, ordinal: i32, mark: impl FnOnce() -> bool) -> Option<bool> {
+        self.order_kept_seen(ordinal, mark, || ())
+    }
+
+    /// `order_kept`, with `looked` run where a free that found the bit clear
+    /// has looked at it and not yet checked the frees in flight: a test's
+    /// way to land another thread's steps there.
+    fn order_kept_seen(&self, ordinal: i32, mark: impl FnOnce() -> bool, looked: impl FnOnce()) -> Option<bool> {
         let (Some(bit), false) = (device_bit(ordinal), self.blind()) else {
             return mark().then_some(true);
         };
@@ -255,6 +262,7 @@ impl SideWork {
         let failed_before = failed.load(Ordering::SeqCst);
         let took_bit = self.unmarked.fetch_and(!bit, Ordering::SeqCst) & bit != 0;
         if !took_bit {
+            looked();
             marking.fetch_sub(1, Ordering::SeqCst);
             // The free that took the bit has recorded its mark.
             if marking.load(Ordering::SeqCst) == 0 && failed.load(Ordering::SeqCst) == failed_before {
@@ -460,46 +468,32 @@ mod tests {
         assert!(side.unmarked(0), "failed marks leave the work unmarked");
     }
 
-    /// One thread issues work off the legacy stream and frees with a mark
-    /// that fails; another frees with marks that succeed. The second may
-    /// skip its mark only when one of its own recorded marks came after all
-    /// the work reported before its free (a failure that lands while it
-    /// checks leaves the work unmarked). A race: without the count of
-    /// failures this caught it in one of three runs of 3 million frees, and
-    /// rarely in these 200 thousand; with it, never (tried).
+    /// A free finds the bit clear while the free that took it is still
+    /// marking; that mark then fails (setting the bit again, too late for the
+    /// first free's look) before the first free checks: it must mark.
     #[test]
     fn a_free_never_relies_on_a_mark_that_failed() {
         let side = SideWork::default();
-        // Work issued (before its report), work reported, and the work
-        // issued before the latest mark recorded.
-        let (issued, reported, covered) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
-        let stop = AtomicBool::new(false);
-        let off_legacy = Stream(16 as *mut _);
+        side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
+        let (marking_tx, marking_rx) = std::sync::mpsc::channel();
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+        let side = &side;
         std::thread::scope(|scope| {
-            scope.spawn(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    issued.fetch_add(1, Ordering::SeqCst);
-                    side.issued(&[off_legacy], NullStream::Legacy);
-                    reported.fetch_add(1, Ordering::SeqCst);
-                    side.order_kept(0, || {
-                        (0..64).for_each(|_| std::hint::spin_loop());
-                        false
-                    });
-                }
+            let failing = scope.spawn(move || {
+                side.order_kept(0, || {
+                    marking_tx.send(()).expect("the test waits");
+                    resume_rx.recv().expect("the test resumes it");
+                    false
+                })
             });
-            let mut skipped_uncovered = 0;
-            for _ in 0..200_000 {
-                let before = reported.load(Ordering::SeqCst);
-                let mark = || {
-                    covered.fetch_max(issued.load(Ordering::SeqCst), Ordering::SeqCst);
-                    true
-                };
-                if side.order_kept(0, mark) == Some(false) && covered.load(Ordering::SeqCst) < before {
-                    skipped_uncovered += 1;
-                }
-            }
-            stop.store(true, Ordering::Relaxed);
-            assert_eq!(skipped_uncovered, 0, "frees kept with no mark over work no recorded mark covers");
+            marking_rx.recv().expect("the failing free took the bit");
+            let mut failing = Some(failing);
+            let looked = || {
+                resume_tx.send(()).expect("the failing free waits");
+                let failed = failing.take().expect("once").join().expect("no panic");
+                assert_eq!(failed, None, "its mark failed");
+            };
+            assert_eq!(side.order_kept_seen(0, || true, looked), Some(true), "the failed mark is not relied on");
         });
     }
 
