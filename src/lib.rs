@@ -512,10 +512,10 @@ macro_rules! work_entry_points {
             pub unsafe extern "C" fn $name($($arg: usize),*) -> u32 {
                 let real = || unsafe { real_work::$name($($arg),*) };
                 // SAFETY (both): the streams are read from the caller's arguments, valid by the call's contract.
-                let name = stringify!($name);
-                let hooked = || front::work::issue(front::hooks::allocator(), name, &unsafe { $streams }, real);
+                const NULL: front::work::NullStream = front::work::null_stream(stringify!($name));
+                let hooked = || front::work::issue(front::hooks::allocator(), NULL, &unsafe { $streams }, real);
                 let made = front::hooks::allocator_if_made;
-                let past_hooks = || front::work::issue_past_hooks(made(), name, &unsafe { $streams }, real);
+                let past_hooks = || front::work::issue_past_hooks(made(), NULL, &unsafe { $streams }, real);
                 guarded(hooked, past_hooks)
             }
         )*

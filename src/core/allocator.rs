@@ -836,9 +836,8 @@ impl Allocator {
 
     /// Tracks a new non-blocking stream (made in the current context): every
     /// later free waits for its work, and blocks reused on the legacy stream
-    /// before it existed are safe for it.
-    /// A non-blocking stream was made; `tracked`: the front door sees every
-    /// call that issues work on it (`issue_work`).
+    /// before it existed are safe for it. `tracked`: the front door sees
+    /// every call that issues work on it (`issue_work`).
     pub fn stream_created(&self, driver: &impl Gpu, stream: Stream, tracked: bool) {
         let context = match driver.stream_context(stream) {
             Ok(context) => context,
@@ -902,8 +901,15 @@ impl Allocator {
         issue: impl FnOnce() -> T,
     ) -> T {
         let issued = if self.work_tracked.load(Ordering::Relaxed) {
-            let tracked: Vec<Arc<StreamWork>> =
-                streams.iter().filter_map(|&stream| self.before_work(driver, stream)).collect();
+            // Nearly every call names one stream: no allocation for it.
+            let (one, many): (Option<Arc<StreamWork>>, Vec<Arc<StreamWork>>);
+            let tracked = if let [stream] = streams {
+                one = self.before_work(driver, *stream);
+                one.as_slice()
+            } else {
+                many = streams.iter().filter_map(|&stream| self.before_work(driver, stream)).collect();
+                many.as_slice()
+            };
             tracked.iter().for_each(|work| work.starting());
             let issued = issue();
             tracked.iter().for_each(|work| work.issued());

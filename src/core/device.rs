@@ -461,9 +461,8 @@ impl Device {
     /// every stream of this device has finished: with only blocking streams,
     /// on the legacy stream at once, or kept in the cache in that stream's
     /// order (`SOMA_LEGACY_CACHE`, `order_kept`); else through the queue of
-    /// pending frees. The
-    /// device's context must be current, and `after` must stay the device's
-    /// streams until this returns.
+    /// pending frees. The device's context must be current, and `after` must
+    /// stay the device's streams until this returns.
     pub fn free(
         &self,
         driver: &impl Gpu,

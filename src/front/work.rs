@@ -19,19 +19,21 @@ use cudarc::driver::sys::{CUlaunchConfig, CUDA_LAUNCH_PARAMS};
 
 use crate::core::allocator::Allocator;
 use crate::core::config::Config;
-use crate::core::streams::NullStream;
 use crate::cuda::driver;
 use crate::cuda::gpu::Stream;
+
+/// What a null stream names in a call (each export's, `lib.rs`).
+pub use crate::core::streams::NullStream;
 
 /// `CUDA_VERSION` of the headers the list of entry points was checked against.
 pub const CHECKED_CUDA_VERSION: i32 = 13000;
 
-/// Runs `real`, the driver export `name`, a call that issues work on
-/// `streams`, between the core's steps for them (`Allocator::issue_work`)
-/// where work is tracked.
-pub fn issue(allocator: &Allocator, name: &str, streams: &[Stream], real: impl FnOnce() -> u32) -> u32 {
+/// Runs `real`, a driver call that issues work on `streams` (`null`: what a
+/// null handle names there), between the core's steps for them
+/// (`Allocator::issue_work`) where work is tracked.
+pub fn issue(allocator: &Allocator, null: NullStream, streams: &[Stream], real: impl FnOnce() -> u32) -> u32 {
     match driver::loaded() {
-        Some(driver) if tracked(&allocator.config) => allocator.issue_work(driver, streams, null_stream(name), real),
+        Some(driver) if tracked(&allocator.config) => allocator.issue_work(driver, streams, null, real),
         _ => real(),
     }
 }
@@ -40,24 +42,42 @@ pub fn issue(allocator: &Allocator, name: &str, streams: &[Stream], real: impl F
 /// inside a hook, or after a hook failed): the work is still noted.
 pub fn issue_past_hooks(
     allocator: Option<&Allocator>,
-    name: &str,
+    null: NullStream,
     streams: &[Stream],
     real: impl FnOnce() -> u32,
 ) -> u32 {
     let rc = real();
     if let Some(allocator) = allocator.filter(|allocator| tracked(&allocator.config)) {
-        allocator.note_work(streams, null_stream(name));
+        allocator.note_work(streams, null);
     }
     rc
 }
 
-/// What a null stream handle names in the export `name`.
-fn null_stream(name: &str) -> NullStream {
-    if name.ends_with("_ptsz") || name.ends_with("_ptds") {
+/// What a null stream handle names in the export `name`: the per-thread
+/// default stream in a `_ptsz` or `_ptds` variant. Evaluated when the shim
+/// is built, once per export.
+pub const fn null_stream(name: &str) -> NullStream {
+    if ends_with(name.as_bytes(), b"_ptsz") || ends_with(name.as_bytes(), b"_ptds") {
         NullStream::PerThread
     } else {
         NullStream::Legacy
     }
+}
+
+/// `str::ends_with`, usable in a constant.
+const fn ends_with(name: &[u8], suffix: &[u8]) -> bool {
+    if name.len() < suffix.len() {
+        return false;
+    }
+    let start = name.len() - suffix.len();
+    let mut i = 0;
+    while i < suffix.len() {
+        if name[start + i] != suffix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// The stream of a `_ptds` call, which names none: the calling thread's
@@ -112,4 +132,19 @@ pub unsafe fn launch_list_streams(list: usize, count: usize) -> Vec<Stream> {
     // SAFETY: as the caller promises.
     let launches = unsafe { std::slice::from_raw_parts(list, count) };
     launches.iter().map(|launch| Stream(launch.hStream.cast())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_null_stream_is_the_per_thread_one_in_per_thread_variants_only() {
+        for name in ["cuLaunchKernel_ptsz", "cuMemcpyHtoD_v2_ptds", "cuMemsetD8Async_ptsz"] {
+            assert_eq!(null_stream(name), NullStream::PerThread, "{name}");
+        }
+        for name in ["cuLaunchKernel", "cuMemcpyHtoDAsync_v2", "_ptsz_not_at_the_end", "ptsz", ""] {
+            assert_eq!(null_stream(name), NullStream::Legacy, "{name}");
+        }
+    }
 }
