@@ -8,6 +8,14 @@
  * stream, a blocking stream and the per-thread default stream. If B overlaps
  * A while R runs, R sees Q.
  *
+ * Part 3 (a free on the legacy stream orders the work before it): A on a
+ * blocking stream S1 is filled and R launched as in part 1; then another
+ * block C is allocated and freed (with no other stream work between, a free
+ * on the legacy stream, which waits for R), and only then A; B =
+ * cudaMalloc(n) and W on the per-thread default stream. A shim that keeps A
+ * for B with no mark, relying on C's free as one, must have issued that free
+ * on the legacy stream.
+ *
  * Part 2 (a non-blocking stream made after the reuse): the same, with R on
  * the legacy stream and W on a non-blocking stream created between
  * cudaMalloc(B) and W (through the runtime or the driver, in turn), then
@@ -62,11 +70,12 @@ int main(int argc, char **argv) {
   CHECK_CUDA(cudaStreamCreate(&s[BLOCKING]));
   s[PER_THREAD] = cudaStreamPerThread;
 
-  /* R's corruptions: part 1 by the kind of S1, then part 2; W's check of B */
+  /* R's corruptions: part 1 by the kind of S1, then parts 2 and 3; W's check of B */
+  enum { PART2 = NKINDS, PART3, NCOUNTS };
   unsigned long long *bad = NULL, *badB = NULL;
-  CHECK_CUDA(TMALLOC(&bad, (NKINDS + 1) * sizeof *bad));
+  CHECK_CUDA(TMALLOC(&bad, NCOUNTS * sizeof *bad));
   CHECK_CUDA(TMALLOC(&badB, sizeof *badB));
-  CHECK_CUDA(cudaMemset(bad, 0, (NKINDS + 1) * sizeof *bad));
+  CHECK_CUDA(cudaMemset(bad, 0, NCOUNTS * sizeof *bad));
   CHECK_CUDA(cudaMemset(badB, 0, sizeof *badB));
   CHECK_CUDA(cudaDeviceSynchronize());
 
@@ -83,13 +92,30 @@ int main(int argc, char **argv) {
       CHECK_CUDA(cudaDeviceSynchronize());
       CHECK_CUDA(cudaFree(B));
     }
+    for (int i = 0; i < rounds * NSIZES; i++) {
+      size_t bytes = sizes[i % NSIZES], n = bytes / 4;
+      void *A = NULL, *B = NULL, *C = NULL;
+      CHECK_CUDA(TMALLOC(&A, bytes));
+      k_set<<<grid_for(n, 256), 256, 0, s[BLOCKING]>>>((unsigned *)A, n, P);
+      k_read_until<<<grid_for(n, 64), 256, 0, s[BLOCKING]>>>((const unsigned *)A, n, P, READ_NS, bad + PART3);
+      CHECK_CUDA(cudaGetLastError());
+      CHECK_CUDA(TMALLOC(&C, bytes + 512));
+      CHECK_CUDA(cudaFree(C));
+      CHECK_CUDA(cudaFree(A));
+      CHECK_CUDA(TMALLOC(&B, bytes));
+      same += A == B;
+      iters++;
+      write_check(B, bytes, s[PER_THREAD], badB);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      CHECK_CUDA(cudaFree(B));
+    }
   }
 
   int busy_new_streams = 0;
   for (int i = 0; i < rounds * 2; i++) {
     size_t bytes = sizes[i % NSIZES];
     void *A = NULL, *B = NULL;
-    free_while_read(&A, &B, bytes, s[LEGACY], bad + NKINDS, wrong);
+    free_while_read(&A, &B, bytes, s[LEGACY], bad + PART2, wrong);
     same += A == B;
     iters++;
     cudaStream_t nb;
@@ -109,26 +135,28 @@ int main(int argc, char **argv) {
   }
   CHECK_CUDA(cudaDeviceSynchronize());
 
-  unsigned long long h[NKINDS + 1], part1 = 0, part2;
+  unsigned long long h[NCOUNTS], part1 = 0, part2, part3;
   CHECK_CUDA(cudaMemcpy(h, bad, sizeof h, cudaMemcpyDeviceToHost));
   unsigned long long hb = read_counter(badB);
   for (int k = 0; k < NKINDS && !wrong; k++) {
     printf("part 1 (blocking streams only), R on %s: corruptions=%llu\n", kind_name[k], h[k]);
     part1 += h[k];
   }
-  part2 = h[NKINDS];
+  part2 = h[PART2];
+  part3 = h[PART3];
+  if (!wrong) printf("part 3 (a free on the legacy stream after R, then A's): corruptions=%llu\n", part3);
   printf("%spart 2 (non-blocking stream made after the reuse): corruptions=%llu\n", wrong ? "# " : "", part2);
   printf("new non-blocking streams not idle: %d\n", busy_new_streams);
   printf("B holds what W wrote: mismatches=%llu\n", hb);
   printf("# same-address reuse: B == A in %d of %d iterations\n", same, iters);
-  printf("# corruptions %llu\n", part1 + part2);
+  printf("# corruptions %llu\n", part1 + part2 + part3);
   CHECK(hb == 0);
   CHECK(busy_new_streams == 0);
   if (wrong) {
     printf("no-stream-wait emulation detected corruption: %s\n", part2 > 0 ? "yes" : "NO");
     CHECK(part2 > 0); /* the test must have teeth */
   } else {
-    CHECK(part1 == 0 && part2 == 0);
+    CHECK(part1 == 0 && part2 == 0 && part3 == 0);
   }
 
   CHECK_CUDA(cudaStreamDestroy(s[BLOCKING]));

@@ -498,7 +498,9 @@ impl Device {
             // order, reused in its order. Last: if anything failed, the block
             // stays allocated (never reused unsafely).
             map.returned(ptr);
-            driver.free_async(ptr, Stream::LEGACY)?;
+            // After the work off the legacy stream so far: a mark for it,
+            // so that frees after this one may keep their blocks again.
+            side_work.issue_as_mark(self.ordinal, || driver.free_async(ptr, Stream::LEGACY))?;
             return Ok(FreePath::Legacy);
         }
         self.pending.queue(ptr, size);

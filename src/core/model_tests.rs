@@ -958,10 +958,9 @@ fn a_block_kept_in_the_legacy_streams_order_comes_back_without_a_driver_call_and
 /// (by default, on one thread too): the free and the reuse make no driver
 /// call, and the new owner's work on any blocking stream still runs after
 /// the old owner's. Once work went to another blocking stream or to the
-/// per-thread default stream, a free takes one driver call: a mark with
-/// `SOMA_LEGACY_CACHE=on` (which covers that work: the next free may skip
-/// its mark again), the free on the legacy stream by default (which marks
-/// nothing: later frees go on doing so).
+/// per-thread default stream, a free takes one driver call, which covers
+/// that work, so that the next free may keep its block with none again: a
+/// mark with `SOMA_LEGACY_CACHE=on`, the free on the legacy stream by default.
 #[test]
 fn a_block_used_on_the_legacy_stream_alone_is_kept_without_a_mark() {
     for (seed, cache) in (0..32).flat_map(|seed| [(seed, "auto"), (seed, "on")]) {
@@ -985,8 +984,37 @@ fn a_block_used_on_the_legacy_stream_alone_is_kept_without_a_mark() {
         assert!(gpu.violations().is_empty(), "seed {seed}, {cache}: {:?}", gpu.violations());
         let device = shim.stats.device(0);
         let kept = (device.total(|t| &t.legacy_cached_frees), device.total(|t| &t.legacy_marked_frees));
-        let expected = if cache == "on" { (vec![0, 1, 1, 0], (4, 2)) } else { (vec![0, 1, 1, 1], (1, 0)) };
+        let expected = if cache == "on" { (vec![0, 1, 1, 0], (4, 2)) } else { (vec![0, 1, 1, 0], (2, 0)) };
         assert_eq!((calls, kept), expected, "seed {seed}, {cache}: driver calls of each free; frees kept, and marked");
+    }
+}
+
+/// A free on the legacy stream (by default, on one thread, once work went
+/// off that stream) is issued after that work, so it marks it: a block used
+/// on another blocking stream before it is then kept with no mark, and its
+/// next owner, on a third blocking stream, still runs after the old work.
+#[test]
+fn a_free_on_the_legacy_stream_marks_the_work_before_it() {
+    for seed in 0..32 {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[]);
+        let (x, y) = (gpu.program_stream(false), gpu.program_stream(false));
+        let a = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        let b = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
+        let old = Touch { ptr: b, generation: gpu.next_generation(b) };
+        shim.launch(&gpu, x, Some(old));
+        Shim::free(&shim, &gpu, a);
+        gpu.program_freed(old);
+        let calls = gpu.work_calls();
+        Shim::free(&shim, &gpu, b);
+        let again = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
+        assert_eq!((again, gpu.work_calls() - calls), (b, 0), "seed {seed}: kept and taken back with no driver call");
+        shim.launch(&gpu, y, Some(Touch { ptr: b, generation: gpu.next_generation(b) }));
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
+        let device = shim.stats.device(0);
+        let kept = (device.total(|t| &t.legacy_stream_frees), device.total(|t| &t.legacy_cached_frees));
+        assert_eq!(kept, (1, 1), "seed {seed}: frees on the legacy stream, kept");
     }
 }
 

@@ -280,6 +280,29 @@ impl SideWork {
         marked.then_some(true)
     }
 
+    /// Issues `op`, an operation on device `ordinal`'s legacy stream that
+    /// runs anyway (a free there), as a mark: once it has succeeded, the
+    /// work off the legacy stream before it is marked, and a block kept
+    /// later needs no mark for that work.
+    pub fn issue_as_mark<T, E>(&self, ordinal: i32, op: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let bit = device_bit(ordinal).filter(|&bit| !self.blind() && self.unmarked.load(Ordering::Acquire) & bit != 0);
+        let Some(bit) = bit else {
+            return op(); // nothing to mark
+        };
+        let (marking, failed) = (&self.marking[ordinal as usize], &self.failed[ordinal as usize]);
+        // As in `order_kept_seen`: counted before the bit is taken, and a
+        // failure counted before the count drops.
+        marking.fetch_add(1, Ordering::SeqCst);
+        let took_bit = self.unmarked.fetch_and(!bit, Ordering::SeqCst) & bit != 0;
+        let result = op();
+        if result.is_err() && took_bit {
+            self.unmarked.fetch_or(bit, Ordering::SeqCst);
+            failed.fetch_add(1, Ordering::SeqCst);
+        }
+        marking.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
     fn blind(&self) -> bool {
         !self.reported.load(Ordering::Acquire) || self.unseen.load(Ordering::Acquire)
     }
@@ -495,6 +518,21 @@ mod tests {
             };
             assert_eq!(side.order_kept_seen(0, || true, looked), Some(true), "the failed mark is not relied on");
         });
+    }
+
+    #[test]
+    fn an_operation_on_the_legacy_stream_after_the_work_off_it_marks_that_work() {
+        let side = SideWork::default();
+        side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
+        assert_eq!(side.issue_as_mark(0, || Err::<(), _>("failed")), Err("failed"));
+        assert!(side.unmarked(0), "a failed operation marks nothing");
+        let during = side.issue_as_mark(0, || {
+            assert_eq!(side.order_kept(0, || true), Some(true), "until it is issued, a kept free marks");
+            Ok::<_, ()>(7)
+        });
+        assert_eq!(during, Ok(7));
+        assert!(!side.unmarked(0) && side.unmarked(1), "issued on device 0: its work is marked there");
+        assert_eq!(side.order_kept(0, || true), Some(false), "a block kept now needs no mark");
     }
 
     fn tracked_stream() -> (StreamRegistry, Arc<StreamWork>, Arc<Barriers>) {
