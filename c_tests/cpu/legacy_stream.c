@@ -111,6 +111,23 @@ int main(void) {
   }
   check_clean(after, "stream gone");
 
+  /* A lookup answered with a variant of a work entry point the shim does
+   * not wrap (as from a driver newer than the shim): work may pass the shim
+   * unseen from now on, so a block is kept only after a mark. */
+  for (int looked = 0; looked < 2; looked++) {
+    if (looked) {
+      void *variant = NULL;
+      CHECK_EQ(cuGetProcAddress("cuLaunchKernel_ptsz", &variant, 13000, 0, NULL), CUDA_SUCCESS);
+    }
+    void *p = NULL;
+    CHECK_CUDA(malloc_seen(&p, MiB, NULL));
+    CHECK_EQ(fakecuda_launch(NULL, p), CUDA_SUCCESS);
+    struct fakecuda_counters b = snap();
+    free_busy(p, looked ? "free after the lookup" : "free before the lookup", pooled, kept || (pooled && !looked), 0);
+    struct fakecuda_counters m = snap();
+    CHECK_EQ(DELTA(b, m, event_records_legacy), kept && looked); /* the mark */
+  }
+
   /* A double free right after a free on the legacy stream is refused, as natively. */
   void *d = NULL;
   CHECK_CUDA(malloc_seen(&d, MiB, NULL));

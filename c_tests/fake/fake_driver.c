@@ -1823,6 +1823,16 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
   RET(CUDA_SUCCESS);
 }
 
+/* A variant of a work entry point that the double does not export, as a
+ * driver newer than the shim may hand out: its calls pass the shim. */
+static CUresult launch_kernel_unexported(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                         unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                         void **kernelParams, void **extra) {
+  return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                        kernelParams, extra);
+}
+
 /* ---- cuGetProcAddress: the entry points the fake runtime (FAKECUDA_RT_PROCADDR=1)
  * and c_tests/cpu/static_runtime.c ask for, as a real runtime does */
 #define PROC(n, f) {n, (void *)(f)}
@@ -1848,6 +1858,7 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuStreamEndCapture", cuStreamEndCapture),
     PROC("cuStreamIsCapturing", cuStreamIsCapturing),
     PROC("cuLaunchKernel", cuLaunchKernel),
+    PROC("cuLaunchKernel_ptsz", launch_kernel_unexported), /* c_tests/cpu/legacy_stream.c */
     PROC("cuDriverGetVersion", cuDriverGetVersion),
     PROC("cuGraphDestroy", cuGraphDestroy),
     PROC("cuMemAlloc", cuMemAlloc_v2),
