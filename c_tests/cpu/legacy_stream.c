@@ -80,6 +80,25 @@ int main(void) {
   CHECK(free_at_start - free_now <= MiB);
   check_clean(start, "churn");
 
+  /* A free on the legacy stream after work on another blocking stream is a
+   * mark for that work: the block it used, freed next, is kept with no mark,
+   * and its next owner's work on the per-thread default stream still runs
+   * after the old work (the double counts an unordered use otherwise). */
+  void *x = NULL, *y = NULL, *z = NULL;
+  CHECK_CUDA(malloc_seen(&x, MiB, NULL));
+  CHECK_CUDA(malloc_seen(&y, 2 * MiB, NULL));
+  CHECK_EQ(fakecuda_launch(blocking, x), CUDA_SUCCESS);
+  CHECK_CUDA(cudaFree(y));
+  struct fakecuda_counters before_x = snap();
+  free_busy(x, "free after a free on the legacy stream", pooled, pooled, 0);
+  struct fakecuda_counters after_x = snap();
+  CHECK_EQ(DELTA(before_x, after_x, event_records_legacy), 0);
+  CHECK_CUDA(malloc_seen(&z, MiB, NULL));
+  if (pooled) CHECK(z == x);
+  CHECK_EQ(fakecuda_launch(cudaStreamPerThread, z), CUDA_SUCCESS);
+  CHECK_CUDA(cudaFree(z));
+  check_clean(start, "a free as a mark");
+
   /* A block reused while the legacy stream still runs the work that used its
    * memory, then a non-blocking stream made and given that block. */
   void *q = NULL, *r = NULL;

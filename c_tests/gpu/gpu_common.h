@@ -70,6 +70,16 @@ static inline double host_us(void) {
 
 static inline const char *nn(const void *p) { return p ? "non-NULL" : "NULL"; }
 
+/* Whether the shim is loaded in this process. */
+static inline int under_shim(void) {
+  FILE *maps = fopen("/proc/self/maps", "r");
+  char line[4096];
+  int found = 0;
+  while (maps && !found && fgets(line, sizeof line, maps)) found = strstr(line, "libsomashim") != NULL;
+  if (maps) fclose(maps);
+  return found;
+}
+
 /* ---- pooling proof ------------------------------------------------------ */
 static int g_allocs = 0, g_pooled = 0;
 

@@ -38,16 +38,6 @@ static void *open_read_close(void *unused) {
   return (void *)failures;
 }
 
-/* Whether the shim is loaded in this process. */
-static int under_shim(void) {
-  FILE *maps = fopen("/proc/self/maps", "r");
-  char line[4096];
-  int found = 0;
-  while (maps && !found && fgets(line, sizeof line, maps)) found = strstr(line, "libsomashim") != NULL;
-  if (maps) fclose(maps);
-  return found;
-}
-
 static int importer(const char *hex) {
   cudaIpcMemHandle_t h = handle_from_hex(hex);
   CHECK_CUDA(cudaFree(NULL));

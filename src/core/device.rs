@@ -499,7 +499,10 @@ impl Device {
             // stays allocated (never reused unsafely).
             map.returned(ptr);
             // After the work off the legacy stream so far: a mark for it,
-            // so that frees after this one may keep their blocks again.
+            // so that frees after this one may keep their blocks again. A
+            // free there orders the blocking streams' later work after their
+            // earlier work as a record does (measured: docs/DESIGN.md; an
+            // allocation there does not, and is never taken for one).
             side_work.issue_as_mark(self.ordinal, || driver.free_async(ptr, Stream::LEGACY))?;
             return Ok(FreePath::Legacy);
         }

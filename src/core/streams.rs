@@ -183,6 +183,7 @@ fn is_legacy(stream: Stream, null: NullStream) -> bool {
 /// A block kept in the legacy stream's order (`Device::free`) needs a mark
 /// only for such work: the next owner's work, on any blocking stream, waits
 /// for the legacy stream's work before it, the old owner's there included.
+/// A mark is an event record there, or a free there that runs anyway.
 /// Valid only where the hooks see every call that issues work; until one is
 /// reported, and once a call may have passed them, every kept free marks.
 pub struct SideWork {
@@ -194,7 +195,9 @@ pub struct SideWork {
     /// Bit `d`: device `d` may have work not marked.
     unmarked: AtomicU64,
     /// Per device: frees that took its bit and have not yet recorded their
-    /// mark. Until they have, a free that finds the bit clear marks too.
+    /// mark, or issued their own free on the legacy stream as one
+    /// (`issue_as_mark`). Until they have, a free that finds the bit clear
+    /// marks too.
     marking: [AtomicU32; 64],
     /// Per device: marks that failed (each set the bit again), so that a
     /// free that found the bit clear sees a failure that came meanwhile.
@@ -492,32 +495,44 @@ mod tests {
     }
 
     /// A free finds the bit clear while the free that took it is still
-    /// marking; that mark then fails (setting the bit again, too late for the
-    /// first free's look) before the first free checks: it must mark.
+    /// marking (with a record, or with its own free on the legacy stream);
+    /// that mark then fails (setting the bit again, too late for the first
+    /// free's look) before the first free checks: it must mark.
     #[test]
     fn a_free_never_relies_on_a_mark_that_failed() {
-        let side = SideWork::default();
-        side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
-        let (marking_tx, marking_rx) = std::sync::mpsc::channel();
-        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
-        let side = &side;
-        std::thread::scope(|scope| {
-            let failing = scope.spawn(move || {
-                side.order_kept(0, || {
-                    marking_tx.send(()).expect("the test waits");
-                    resume_rx.recv().expect("the test resumes it");
-                    false
-                })
+        for by_free in [false, true] {
+            let side = SideWork::default();
+            side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
+            let (marking_tx, marking_rx) = std::sync::mpsc::channel();
+            let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+            let side = &side;
+            std::thread::scope(|scope| {
+                let failing = scope.spawn(move || {
+                    let fail = || {
+                        marking_tx.send(()).expect("the test waits");
+                        resume_rx.recv().expect("the test resumes it");
+                    };
+                    let failed = if by_free {
+                        side.issue_as_mark(0, || Err::<(), ()>(fail())).is_err()
+                    } else {
+                        side.order_kept(0, || {
+                            fail();
+                            false
+                        })
+                        .is_none()
+                    };
+                    assert!(failed, "by a free on the legacy stream: {by_free}");
+                });
+                marking_rx.recv().expect("the failing free took the bit");
+                let mut failing = Some(failing);
+                let looked = || {
+                    resume_tx.send(()).expect("the failing free waits");
+                    failing.take().expect("once").join().expect("its mark failed");
+                };
+                let marked = side.order_kept_seen(0, || true, looked);
+                assert_eq!(marked, Some(true), "the failed mark is not relied on (by a free: {by_free})");
             });
-            marking_rx.recv().expect("the failing free took the bit");
-            let mut failing = Some(failing);
-            let looked = || {
-                resume_tx.send(()).expect("the failing free waits");
-                let failed = failing.take().expect("once").join().expect("no panic");
-                assert_eq!(failed, None, "its mark failed");
-            };
-            assert_eq!(side.order_kept_seen(0, || true, looked), Some(true), "the failed mark is not relied on");
-        });
+        }
     }
 
     #[test]
