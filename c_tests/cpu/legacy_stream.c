@@ -99,6 +99,28 @@ int main(void) {
   CHECK_CUDA(cudaFree(z));
   check_clean(start, "a free as a mark");
 
+  /* Work issued from inside another call (under the shim: inside its
+   * cudaMalloc hook, where the launch re-enters the shim) is work off the
+   * legacy stream all the same: the block it used is not kept without a
+   * mark (the default frees it on the legacy stream; SOMA_LEGACY_CACHE=on
+   * marks first), so its next owner on the per-thread default stream runs
+   * after that work. */
+  void *u = NULL, *v = NULL, *w = NULL;
+  CHECK_CUDA(malloc_seen(&u, MiB, NULL));
+  CHECK_EQ(fakecuda_launch(NULL, u), CUDA_SUCCESS);
+  struct fakecuda_stream_stats before_inside, after_inside;
+  CHECK(fakecuda_stream_stats(blocking, &before_inside));
+  fakecuda_launch_inside_next_alloc(blocking, u);
+  CHECK_CUDA(malloc_seen(&v, 3 * MiB, NULL)); /* a size not freed before: the driver allocates */
+  CHECK(fakecuda_stream_stats(blocking, &after_inside));
+  CHECK_EQ(after_inside.work - before_inside.work, 1); /* the launch inside ran */
+  free_busy(u, "free after work issued inside a call", pooled, kept, 0);
+  CHECK_CUDA(malloc_seen(&w, MiB, NULL));
+  CHECK_EQ(fakecuda_launch(cudaStreamPerThread, w), CUDA_SUCCESS);
+  CHECK_CUDA(cudaFree(w));
+  CHECK_CUDA(cudaFree(v));
+  check_clean(start, "work issued inside a call");
+
   /* A block reused while the legacy stream still runs the work that used its
    * memory, then a non-blocking stream made and given that block. */
   void *q = NULL, *r = NULL;

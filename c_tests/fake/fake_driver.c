@@ -162,6 +162,12 @@ static __thread unsigned t_pt_gen[MAXDEV];
 static __thread char t_problem[1024];
 static __thread uint64_t t_waits; /* host waits of this thread (fakecuda_thread_waits) */
 static __thread uint64_t t_allocs; /* driver allocations by this thread (fakecuda_thread_allocs) */
+/* Work the thread's next driver allocation issues last (fakecuda_launch_inside_next_alloc). */
+static __thread struct {
+  int armed;
+  const void *stream, *p;
+} t_inside;
+static void launch_inside_if_armed(void);
 
 #define CNT(f) __atomic_add_fetch(&g_cnt.f, 1, __ATOMIC_SEQ_CST)
 #define LOCK() pthread_mutex_lock(&g_mu)
@@ -1332,8 +1338,7 @@ CUresult cuEventQuery(CUevent hEvent) {
 CUresult cuEventSynchronize(CUevent hEvent) { return event_sync(hEvent, 1); }
 
 /* ---- memory */
-CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
-  NEED_INIT();
+static CUresult plain_alloc(CUdeviceptr *dptr, size_t bytesize) {
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   LOCK();
   struct CUctx_st *c;
@@ -1355,6 +1360,12 @@ CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   trace("alloc plain %#" PRIxPTR " %zu dev%d\n", a->base, bytesize, d);
   *dptr = (CUdeviceptr)a->base;
   RET(CUDA_SUCCESS);
+}
+CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
+  NEED_INIT();
+  CUresult r = plain_alloc(dptr, bytesize);
+  launch_inside_if_armed();
+  return r;
 }
 
 /* Rows aligned to 512 bytes, as the real driver aligns them (docs/FACTS.md). */
@@ -1458,7 +1469,9 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
   NEED_INIT();
-  return alloc_from_pool(dptr, bytesize, pool, hStream);
+  CUresult r = alloc_from_pool(dptr, bytesize, pool, hStream);
+  launch_inside_if_armed();
+  return r;
 }
 
 /* Is the free of block a on s ordered after all earlier work on every stream
@@ -2112,6 +2125,18 @@ static int launch_as_program(const void *stream, const void *p, int check_access
 }
 
 int fakecuda_launch(const void *stream, const void *p) { return launch_as_program(stream, p, 1); }
+
+void fakecuda_launch_inside_next_alloc(const void *stream, const void *p) {
+  t_inside.armed = 1;
+  t_inside.stream = stream;
+  t_inside.p = p;
+}
+
+static void launch_inside_if_armed(void) {
+  if (!t_inside.armed) return;
+  t_inside.armed = 0;
+  launch_as_program(t_inside.stream, t_inside.p, 1);
+}
 
 int fakecuda_cpu_use(const void *p) {
   init();

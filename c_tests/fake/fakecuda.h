@@ -227,6 +227,13 @@ int fakecuda_pool_stats(const void *pool, struct fakecuda_pool_stats *out);
  * process finds (a preloaded shim's), with the double's one kernel. */
 int fakecuda_launch(const void *stream, const void *p);
 
+/* The calling thread's next allocation at the driver (cuMemAlloc,
+ * cuMemAllocFromPoolAsync) ends by launching work on stream touching p, as
+ * fakecuda_launch does: work issued from inside another call, as a driver
+ * callback or a library's nested call issues it (under the shim: inside its
+ * hook of the allocation, where the shim's cuLaunchKernel is re-entered). */
+void fakecuda_launch_inside_next_alloc(const void *stream, const void *p);
+
 /* The CPU reads or writes the host memory (pinned, or of a host pool)
  * containing p now. Work of its earlier owners that the host has not seen
  * finish, or the block's allocation on a stream the host has not seen pass
