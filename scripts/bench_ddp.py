@@ -12,8 +12,11 @@ data per rank), fp32, AdamW. A step = forward + backward (gradients all-reduced 
 DDP) + optimizer step; timed with torch.cuda.synchronize() + time.perf_counter().
 
 Rank 0 prints one JSON line: ms_per_step_median (rank 0's), ms_per_step_median_max
-(the slowest rank's median), peak_device_used_mib (rank 0: cudaMemGetInfo total - free
-after each step, peak minus the value before the model), final_loss, and the checks:
+(the slowest rank's median), host_ms_per_step_median (rank 0's: the part of a step
+until its thread had issued the optimizer step, before it synchronizes; close to the
+step's time, the step waits for the host), peak_device_used_mib (rank 0:
+cudaMemGetInfo total - free after each step, peak minus the value before the model),
+final_loss, and the checks:
   loss_finite       every rank's loss stayed finite
   params_identical  after training, every rank's parameters equal rank 0's, bit for
                     bit (rank 0 broadcasts its flattened parameters, each rank
@@ -118,6 +121,7 @@ def run(args, result, rank, world, local_rank):
     shapes = random.Random(args.seed)  # the same lengths on every rank
     peak_used = baseline
     times_ms = []
+    host_ms = []
     loss_value = None
     finite = True
     total = args.warmup + args.steps
@@ -131,6 +135,7 @@ def run(args, result, rank, world, local_rank):
         loss = loss_fn(ddp(x), y)
         loss.backward()
         opt.step()
+        issued = time.perf_counter()
         sync()
         dt = (time.perf_counter() - t0) * 1e3
         peak_used = max(peak_used, used_bytes())
@@ -138,6 +143,7 @@ def run(args, result, rank, world, local_rank):
         finite = finite and math.isfinite(loss_value)
         if step >= args.warmup:
             times_ms.append(dt)
+            host_ms.append((issued - t0) * 1e3)
         if rank == 0 and (step == 0 or (step + 1) % 10 == 0 or step + 1 == total):
             print(f"[bench_ddp] step {step + 1}/{total}{' (warm-up)' if step < args.warmup else ''}: "
                   f"seq {length}, {dt:.2f} ms, loss {loss_value:.4f}", file=sys.stderr, flush=True)
@@ -160,6 +166,7 @@ def run(args, result, rank, world, local_rank):
     result["ms_per_step_median"] = round(median, 3)
     result["ms_per_step_median_max"] = round(float(slowest.item()), 3)
     result["ms_per_step_mean"] = round(statistics.fmean(times_ms), 3)
+    result["host_ms_per_step_median"] = round(statistics.median(host_ms), 3)
     result["peak_device_used_mib"] = round((peak_used - baseline) / MIB, 1) if cuda else None
     result["params_m"] = round(flat.numel() / 1e6, 2)
     result["param_checksum"] = float(flat.double().sum().item())

@@ -18,7 +18,9 @@
 # scenarios after another, so that a slow spell of the machine hits every allocator;
 # the table gives medians, ranges, and the median of each round's ratio to the
 # group's baseline in that round), PYTHON (python3), BENCH_STEPS (30) and BENCH_WARMUP (5) for the torch
-# and DDP runs, BENCH_RESNET_STEPS, BENCH_DDP_STEPS (default BENCH_STEPS),
+# and DDP runs, BENCH_RESNET_STEPS (default BENCH_STEPS), BENCH_DDP_STEPS (200: each DDP
+# step draws its sequence length, 64 to 512, so 30 steps sample few lengths and the
+# pool's first growth weighs on their median: docs/BENCHMARKS.md, twelfth session),
 # BENCH_CUPY_CHAINS (40), BENCH_TIMEOUT (90: seconds per scenario, then it is killed
 # and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy'),
 # BENCH_SHIM_VARIANTS (';'-separated groups of SOMA_* settings: each runs every shim
@@ -43,7 +45,7 @@ PY=${PYTHON:-python3}
 STEPS=${BENCH_STEPS:-30}
 WARMUP=${BENCH_WARMUP:-5}
 RESNET_STEPS=${BENCH_RESNET_STEPS:-$STEPS}
-DDP_STEPS=${BENCH_DDP_STEPS:-$STEPS}
+DDP_STEPS=${BENCH_DDP_STEPS:-200}
 CUPY_CHAINS=${BENCH_CUPY_CHAINS:-40}
 T=${BENCH_TIMEOUT:-90}
 REPS=${BENCH_REPS:-3}
@@ -169,7 +171,7 @@ def table(path):
     print()
     print("ms: median per training step (transformer, resnet, ddp2: rank 0) or per array chain (cupy),")
     print("  after the warm-up, in each run; the table gives the median over the rounds and [min-max].")
-    print("  host ms (torch): the part of a step until the program's thread had issued it, median; near")
+    print("  host ms (torch; ddp2: rank 0): the part of a step until the program's thread had issued it, median; near")
     print("  ms, the step waits for the host (allocation calls count there), not for the GPU.")
     print("  x base: the median over the rounds of the ratio to the group's first row in the same round")
     print("  (PyTorch's caching allocator, CuPy's pool). dev MiB: peak device memory in use")
