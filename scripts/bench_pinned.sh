@@ -26,7 +26,7 @@ status=0
 for mode in real shim pool; do
   case $mode in
     real) envs=() arg=real ;;
-    shim) envs=("LD_PRELOAD=$SHIM") arg=real ;;
+    shim) envs=("LD_PRELOAD=$SHIM" SOMA_HOST_POOL=1) arg=real ;;
     pool) envs=() arg=pool ;;
   esac
   if ! timeout 300 env "${envs[@]}" "$BUILD/pinned" "$arg" >"$BUILD/pinned.$mode.out" 2>"$BUILD/pinned.$mode.err"; then

@@ -381,20 +381,20 @@ compare "pitched allocations" pitch
 compare "pitched allocations, runtime resolving the driver by cuGetProcAddress" pitch FAKECUDA_RT_PROCADDR=1
 compare "pitched allocations SOMA_MAX_BYTES=64KiB (larger ones pass through)" pitch SOMA_MAX_BYTES=64KiB
 compare "pitched allocations SOMA_DISABLE=1 (no pitch learned)" pitch SOMA_DISABLE=1
-# pinned host memory: from a host memory pool under the shim, plain natively
-compare "pinned host memory" pinned
-compare "pinned host memory, driver door" pinned PINNED_DOOR=driver
-compare "pinned host memory SOMA_FREE_ORDER=barrier (host frees stay joined)" pinned SOMA_FREE_ORDER=barrier
-compare "pinned host memory, lazy GPU, SOMA_PENDING_FREE_LIMIT=4MiB" pinned FAKECUDA_LAZY_GPU=1 \
+# pinned host memory: passed through by default; with SOMA_HOST_POOL=1 from a host memory pool
+compare "pinned host memory SOMA_HOST_POOL=1" pinned SOMA_HOST_POOL=1
+compare "pinned host memory, driver door" pinned SOMA_HOST_POOL=1 PINNED_DOOR=driver
+compare "pinned host memory SOMA_FREE_ORDER=barrier (host frees stay joined)" pinned SOMA_HOST_POOL=1 SOMA_FREE_ORDER=barrier
+compare "pinned host memory, lazy GPU, SOMA_PENDING_FREE_LIMIT=4MiB" pinned SOMA_HOST_POOL=1 FAKECUDA_LAZY_GPU=1 \
   SOMA_PENDING_FREE_LIMIT=4MiB
-compare "pinned host memory, lazy GPU, driver door, SOMA_PENDING_FREE_LIMIT=4MiB" pinned FAKECUDA_LAZY_GPU=1 \
+compare "pinned host memory, lazy GPU, driver door, SOMA_PENDING_FREE_LIMIT=4MiB" pinned SOMA_HOST_POOL=1 FAKECUDA_LAZY_GPU=1 \
   PINNED_DOOR=driver SOMA_PENDING_FREE_LIMIT=4MiB
-compare "pinned host memory, runtime resolving the driver by cuGetProcAddress" pinned FAKECUDA_RT_PROCADDR=1
-compare "pinned host memory SOMA_HOST_POOL=0 (passed through)" pinned SOMA_HOST_POOL=0
-compare "pinned host memory SOMA_DISABLE=1 (passed through)" pinned SOMA_DISABLE=1
-compare "pinned host memory, no host pool support (passed through)" pinned FAKECUDA_NO_HOST_POOLS=1
-compare "pinned host memory, no pool support (passed through)" pinned FAKECUDA_NO_POOLS=1
-compare "pinned host memory, 2 devices (passed through)" pinned FAKECUDA_DEVICES=2
+compare "pinned host memory, runtime resolving the driver by cuGetProcAddress" pinned SOMA_HOST_POOL=1 FAKECUDA_RT_PROCADDR=1
+compare "pinned host memory (passed through by default)" pinned
+compare "pinned host memory SOMA_DISABLE=1 (passed through)" pinned SOMA_DISABLE=1 SOMA_HOST_POOL=1
+compare "pinned host memory, no host pool support (passed through)" pinned FAKECUDA_NO_HOST_POOLS=1 SOMA_HOST_POOL=1
+compare "pinned host memory, no pool support (passed through)" pinned FAKECUDA_NO_POOLS=1 SOMA_HOST_POOL=1
+compare "pinned host memory, 2 devices (passed through)" pinned FAKECUDA_DEVICES=2 SOMA_HOST_POOL=1
 # 8. no pool support
 compare "no pool support" nopools FAKECUDA_NO_POOLS=1
 compare "no pool support, routing" routing FAKECUDA_NO_POOLS=1

@@ -119,8 +119,9 @@ free_sync|free_sync||SOMA_FREE_SYNC=1|1|=
 mixed|mixed|||1|=
 mixed@max_bytes|mixed||SOMA_MAX_BYTES=1048576|1|=
 errors|errors|||1|--no-oom
-host_pinned|host_pinned||CUDA_VISIBLE_DEVICES=one|1|=
-host_race|host_race||CUDA_VISIBLE_DEVICES=one|1|=
+host_pinned|host_pinned||CUDA_VISIBLE_DEVICES=one SOMA_HOST_POOL=1|1|=
+host_race|host_race||CUDA_VISIBLE_DEVICES=one SOMA_HOST_POOL=1|1|=
+pointer_ops|pointer_ops||CUDA_VISIBLE_DEVICES=one|1|=
 threads|threads|||1|=
 threads@legacy|threads|--legacy-only||1|=
 capture|capture|||1|=
@@ -194,7 +195,7 @@ EOF
 # The same programs built with the static runtime (all of them) and as
 # driver-API programs (those whose checks are about allocation and ordering).
 # own_context calls no runtime function: its static build is the same program.
-DRIVER_API_TESTS=" memory_limit host_pinned host_race streams race work_kinds legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork ipc ipc_errors ipc_lifetime "
+DRIVER_API_TESTS=" memory_limit host_pinned pointer_ops host_race streams race work_kinds legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork ipc ipc_errors ipc_lifetime "
 while IFS='|' read -r name prog args envs gpus _; do
   case $name in *@* | own_context) continue ;; esac
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"

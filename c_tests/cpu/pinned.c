@@ -41,7 +41,7 @@ static cudaError_t h_device_pointer(void **d, void *p) {
 /* Whether the shim should serve a pinned allocation with these flags from its host pool. */
 static int expect_host_pool(unsigned flags) {
   const char *devices = getenv("FAKECUDA_DEVICES");
-  return under_shim() && !env_flag("SOMA_DISABLE", 0) && env_flag("SOMA_HOST_POOL", 1) &&
+  return under_shim() && !env_flag("SOMA_DISABLE", 0) && env_flag("SOMA_HOST_POOL", 0) &&
          !env_flag("FAKECUDA_NO_POOLS", 0) && !env_flag("FAKECUDA_NO_HOST_POOLS", 0) &&
          (!devices || strcmp(devices, "1") == 0) && !(flags & cudaHostAllocWriteCombined);
 }

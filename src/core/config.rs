@@ -270,8 +270,8 @@ pub static VARIABLES: &[Variable] = &[
     Variable {
         name: "SOMA_HOST_POOL",
         kind: Kind::Flag,
-        default: "1",
-        doc: "0: cudaMallocHost, cudaHostAlloc and cuMemAllocHost/cuMemHostAlloc go to the real allocator.",
+        default: "0",
+        doc: "1: pinned host memory from a host memory pool; copies that name it as device memory then fail (docs/CONTRACT.md).",
         store: store!(host_pool, Flag),
     },
     Variable {
@@ -449,7 +449,7 @@ impl Config {
             min_bytes: 0,
             max_bytes: 0,
             free_sync: false,
-            host_pool: true,
+            host_pool: false,
             free_order: FreeOrder::Join,
             pending_free_limit: Bytes::Exact(0),
             legacy_cache: LegacyCache::Auto,
