@@ -79,7 +79,7 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork pitch pinned ipc)
+  fork pitch pinned ipc pointer_queries)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -381,6 +381,9 @@ compare "pitched allocations" pitch
 compare "pitched allocations, runtime resolving the driver by cuGetProcAddress" pitch FAKECUDA_RT_PROCADDR=1
 compare "pitched allocations SOMA_MAX_BYTES=64KiB (larger ones pass through)" pitch SOMA_MAX_BYTES=64KiB
 compare "pitched allocations SOMA_DISABLE=1 (no pitch learned)" pitch SOMA_DISABLE=1
+# pointer queries answer as for the real allocation
+compare "pointer queries" pointer_queries
+compare "pointer queries SOMA_SMALL_BLOCKS=0" pointer_queries SOMA_SMALL_BLOCKS=0
 # pinned host memory: passed through by default; with SOMA_HOST_POOL=1 from a host memory pool
 compare "pinned host memory SOMA_HOST_POOL=1" pinned SOMA_HOST_POOL=1
 compare "pinned host memory, driver door" pinned SOMA_HOST_POOL=1 PINNED_DOOR=driver

@@ -429,6 +429,24 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     guarded(|| unsafe { front::hooks::mem_get_info(free, total, real) }, real)
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(data: Handle, attribute: c_int, ptr: u64) -> u32 {
+    let real = || unsafe { cu::cuPointerGetAttribute(data, attribute, ptr) };
+    guarded(|| unsafe { front::pointer_queries::get_attribute(data, attribute, ptr, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttributes(count: c_uint, attributes: *const c_int, data: *mut Handle, ptr: u64) -> u32 {
+    let real = || unsafe { cu::cuPointerGetAttributes(count, attributes, data, ptr) };
+    guarded(|| unsafe { front::pointer_queries::get_attributes(count, attributes, data, ptr, real) }, real)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64) -> u32 {
+    let real = || unsafe { cu::cuMemGetAddressRange_v2(base, size, ptr) };
+    guarded(|| unsafe { front::pointer_queries::get_address_range(base, size, ptr, real) }, real)
+}
+
 /// `cuGetProcAddress` handed out a variant of `name` that the shim does not
 /// wrap: if `name` issues work, its calls pass the hooks unseen from now on.
 fn passes_unseen(name: &CStr) {
@@ -462,7 +480,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 /// What `dlsym` and `cuGetProcAddress` answer with the shim's function
 /// instead of the driver's (matched on the driver's own answer, so the
 /// driver picks the variant for each version and per-thread flag).
-static DRIVER_ENTRY_POINTS: [EntryPoint; 30] = [
+static DRIVER_ENTRY_POINTS: [EntryPoint; 33] = [
     EntryPoint(c"cuMemAlloc_v2", cuMemAlloc_v2 as *const ()),
     EntryPoint(c"cuMemAllocPitch_v2", cuMemAllocPitch_v2 as *const ()),
     EntryPoint(c"cuMemFree_v2", cuMemFree_v2 as *const ()),
@@ -487,6 +505,9 @@ static DRIVER_ENTRY_POINTS: [EntryPoint; 30] = [
     EntryPoint(c"cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset as *const ()),
     EntryPoint(c"cuDevicePrimaryCtxReset_v2", cuDevicePrimaryCtxReset_v2 as *const ()),
     EntryPoint(c"cuMemGetInfo_v2", cuMemGetInfo_v2 as *const ()),
+    EntryPoint(c"cuPointerGetAttribute", cuPointerGetAttribute as *const ()),
+    EntryPoint(c"cuPointerGetAttributes", cuPointerGetAttributes as *const ()),
+    EntryPoint(c"cuMemGetAddressRange_v2", cuMemGetAddressRange_v2 as *const ()),
     EntryPoint(c"cuIpcGetMemHandle", cuIpcGetMemHandle as *const ()),
     EntryPoint(c"cuIpcOpenMemHandle", cuIpcOpenMemHandle as *const ()),
     EntryPoint(c"cuIpcOpenMemHandle_v2", cuIpcOpenMemHandle_v2 as *const ()),

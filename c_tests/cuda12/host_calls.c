@@ -3,14 +3,15 @@
  * C ABI is stable), the program is built with gcc against libcudart.so.12 or
  * libcudart_static.a from the nvidia-cuda-runtime-cu12 wheel. Each result is
  * printed; scripts/cuda12_test.sh compares the native and the shim run. The
- * pooling proof asks the driver (cuPointerGetAttribute, through dlsym) whether
- * the pointers came from a pool. */
-#include <dlfcn.h>
+ * pooling proof asks the driver itself (driver_past_shim.h) whether the
+ * pointers came from a pool. */
+#define _GNU_SOURCE /* dl_iterate_phdr, for driver_past_shim.h */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "../check.h"
+#include "../driver_past_shim.h"
 
 typedef void *stream_t;
 int cudaMalloc(void **p, size_t n);
@@ -28,21 +29,15 @@ const char *cudaGetErrorString(int e);
 #define cudaSuccess 0
 #define cudaMemcpyDeviceToHost 2
 
-static int (*pointer_attribute)(void *, int, uint64_t);
 static int pooled, allocs;
 
 static void note(void *p) {
-  void *pool = NULL;
   allocs++;
-  if (pointer_attribute && pointer_attribute(&pool, 17 /* CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE */,
-                                             (uint64_t)(uintptr_t)p) == 0 && pool)
-    pooled++;
+  pooled += driver_says_pooled((uint64_t)(uintptr_t)p);
 }
 
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
-  if (cuda) pointer_attribute = (int (*)(void *, int, uint64_t))dlsym(cuda, "cuPointerGetAttribute");
   int version = 0;
   cudaRuntimeGetVersion(&version);
   printf("# runtime %d\n", version);

@@ -1715,6 +1715,64 @@ CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr ptr) 
   RET(CUDA_SUCCESS);
 }
 
+/* One pointer attribute, as the real driver answers it (measured on an H100,
+ * c_tests/gpu/pointer_ops.cu): pool memory has no context, names its pool and
+ * the pool's handle types, and is not legacy-IPC capable; cuMemAlloc memory
+ * is the reverse. The caller holds the lock. */
+static CUresult attribute_of(struct alloc *a, CUpointer_attribute attribute, void *data) {
+  int plain = a->kind == FAKECUDA_PLAIN, pinned = a->kind == FAKECUDA_PINNED;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *(CUcontext *)data = plain || pinned ? &g_ctx[a->dev < 0 ? 0 : a->dev] : NULL;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *(unsigned *)data = a->dev < 0 ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *(int *)data = a->dev < 0 ? 0 : a->dev;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *(int *)data = plain;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *(CUdeviceptr *)data = (CUdeviceptr)a->base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *(size_t *)data = a->size;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      *(unsigned long long *)data = a->pool && a->pool->shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *(CUmemoryPool *)data = a->kind == FAKECUDA_POOL ? a->pool : NULL;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  NEED_INIT();
+  if (!data) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct alloc *a = find_containing((uintptr_t)ptr);
+  if (!a) RET(CUDA_ERROR_INVALID_VALUE);
+  RET(attribute_of(a, attribute, data));
+}
+
+CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr) {
+  NEED_INIT();
+  if (!attributes || !data) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct alloc *a = find_containing((uintptr_t)ptr);
+  for (unsigned i = 0; i < count; i++) {
+    if (!data[i]) continue;
+    CUresult r = a ? attribute_of(a, attributes[i], data[i]) : CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS) RET(r);
+  }
+  RET(CUDA_SUCCESS);
+}
+
 CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr) {
   NEED_INIT();
   (void)handle;

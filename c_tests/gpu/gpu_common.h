@@ -2,9 +2,9 @@
  * the pooling proof.
  *
  * Pooling proof: every test allocates through tmalloc(), a plain cudaMalloc
- * that also asks the driver whether the returned pointer is pool memory
- * (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE answers CUDA_SUCCESS only for memory
- * from a stream-ordered pool). print_pooled() prints "# pooled N of M"; the
+ * that also asks the driver itself (past the shim) whether the returned
+ * pointer is pool memory (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE is non-null
+ * only for memory from a stream-ordered pool). print_pooled() prints "# pooled N of M"; the
  * runner (scripts/gpu_test.sh) requires N == 0 natively and N > 0 under the
  * shim, so a shim that passes everything through cannot pass.
  *
@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 #include "../check.h"
+#include "../driver_past_shim.h"
 
 /* Driver-API builds (-DSOMA_DRIVER_API, the runner's "driver" variant): the
  * tests' cudaMalloc/cudaFree/cudaFreeAsync go through the driver's
@@ -83,12 +84,7 @@ static inline int under_shim(void) {
 /* ---- pooling proof ------------------------------------------------------ */
 static int g_allocs = 0, g_pooled = 0;
 
-static inline int is_pool_ptr(const void *p) {
-  CUmemoryPool h = 0;
-  if (!p) return 0;
-  CUresult r = cuPointerGetAttribute(&h, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, (CUdeviceptr)(uintptr_t)p);
-  return r == CUDA_SUCCESS && h != 0;
-}
+static inline int is_pool_ptr(const void *p) { return driver_says_pooled((uint64_t)(uintptr_t)p); }
 
 static inline void note_alloc(const void *p) {
   __atomic_add_fetch(&g_allocs, 1, __ATOMIC_RELAXED);

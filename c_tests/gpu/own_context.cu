@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 #include "../check.h"
+#include "../driver_past_shim.h"
 
 #define CHECK_CU(call)                                                                                    \
   do {                                                                                                    \
@@ -50,10 +51,8 @@ static double now_ms(void) {
 }
 
 static void note_alloc(CUdeviceptr d) {
-  CUmemoryPool h = 0;
   __atomic_add_fetch(&g_allocs, 1, __ATOMIC_RELAXED);
-  if (cuPointerGetAttribute(&h, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, d) == CUDA_SUCCESS && h)
-    __atomic_add_fetch(&g_pooled, 1, __ATOMIC_RELAXED);
+  if (driver_says_pooled(d)) __atomic_add_fetch(&g_pooled, 1, __ATOMIC_RELAXED);
 }
 
 static int primary_active(CUdevice dev) {

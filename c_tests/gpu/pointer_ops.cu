@@ -35,8 +35,10 @@ static const char *rel(uint64_t v, const void *p, size_t n) {
 
 /* ---- attributes ---------------------------------------------------------- */
 /* How each CUpointer_attribute's answer is printed: P an address, C a
- * context, I a 32-bit value, L a 64-bit value, N nonzero or not, R code only. */
-static const struct { CUpointer_attribute a; const char *name; char how; } kAttrs[] = {
+ * context, I a 32-bit value, L a 64-bit value, N nonzero or not, R code only.
+ * The attributes marked '#' describe the physical memory, which a pool lays
+ * out as it likes (docs/CONTRACT.md lists them): printed, not compared. */
+static const struct { CUpointer_attribute a; const char *name; char how; char known_difference; } kAttrs[] = {
     {CU_POINTER_ATTRIBUTE_CONTEXT, "CONTEXT", 'C'},
     {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, "MEMORY_TYPE", 'I'},
     {CU_POINTER_ATTRIBUTE_DEVICE_POINTER, "DEVICE_POINTER", 'P'},
@@ -51,13 +53,13 @@ static const struct { CUpointer_attribute a; const char *name; char how; } kAttr
     {CU_POINTER_ATTRIBUTE_RANGE_SIZE, "RANGE_SIZE", 'L'},
     {CU_POINTER_ATTRIBUTE_MAPPED, "MAPPED", 'I'},
     {CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, "ALLOWED_HANDLE_TYPES", 'L'},
-    {CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, "IS_GPU_DIRECT_RDMA_CAPABLE", 'I'},
+    {CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, "IS_GPU_DIRECT_RDMA_CAPABLE", 'I', '#'},
     {CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, "ACCESS_FLAGS", 'I'},
     {CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, "MEMPOOL_HANDLE", 'N'},
-    {CU_POINTER_ATTRIBUTE_MAPPING_SIZE, "MAPPING_SIZE", 'L'},
-    {CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, "MAPPING_BASE_ADDR", 'P'},
+    {CU_POINTER_ATTRIBUTE_MAPPING_SIZE, "MAPPING_SIZE", 'L', '#'},
+    {CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, "MAPPING_BASE_ADDR", 'P', '#'},
     {CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, "MEMORY_BLOCK_ID", 'N'},
-    {CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE, "IS_HW_DECOMPRESS_CAPABLE", 'I'},
+    {CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE, "IS_HW_DECOMPRESS_CAPABLE", 'I', '#'},
 };
 enum { NATTRS = sizeof kAttrs / sizeof kAttrs[0] };
 
@@ -78,29 +80,34 @@ static void attributes(const char *what, const void *p, size_t n, size_t off) {
     uint64_t v[8];
     memset(v, 0, sizeof v);
     CUresult r = cuPointerGetAttribute(v, kAttrs[i].a, q);
-    printf("%s: attribute %s at p+%zu rc=%d", what, kAttrs[i].name, off, (int)r);
+    printf("%s%s: attribute %s at p+%zu rc=%d", kAttrs[i].known_difference ? "# " : "", what, kAttrs[i].name, off, (int)r);
     if (r == CUDA_SUCCESS) print_value(kAttrs[i].how, v, p, n);
     printf("\n");
   }
-  /* All at once, as cuPointerGetAttributes answers a list. */
-  CUpointer_attribute list[NATTRS];
-  uint64_t data[NATTRS][8];
-  void *slots[NATTRS];
-  memset(data, 0, sizeof data);
-  for (int i = 0; i < NATTRS; i++) list[i] = kAttrs[i].a, slots[i] = data[i];
-  CUresult r = cuPointerGetAttributes(NATTRS, list, slots, q);
-  printf("%s: cuPointerGetAttributes at p+%zu rc=%d", what, off, (int)r);
-  if (r == CUDA_SUCCESS)
-    for (int i = 0; i < NATTRS; i++) {
-      printf(" %s=", kAttrs[i].name);
-      if (kAttrs[i].how == 'R') printf("-");
-      else print_value(kAttrs[i].how, data[i], p, n);
-    }
-  printf("\n");
+  /* All at once, as cuPointerGetAttributes answers a list (which takes
+   * every attribute but P2P_TOKENS): the compared ones, then the others. */
+  for (int compared = 1; compared >= 0; compared--) {
+    CUpointer_attribute list[NATTRS];
+    uint64_t data[NATTRS][8];
+    void *slots[NATTRS];
+    int index[NATTRS], count = 0;
+    memset(data, 0, sizeof data);
+    for (int i = 0; i < NATTRS; i++)
+      if (kAttrs[i].how != 'R' && (kAttrs[i].known_difference == 0) == compared)
+        list[count] = kAttrs[i].a, slots[count] = data[count], index[count++] = i;
+    CUresult r = cuPointerGetAttributes(count, list, slots, q);
+    printf("%s%s: cuPointerGetAttributes at p+%zu rc=%d", compared ? "" : "# ", what, off, (int)r);
+    if (r == CUDA_SUCCESS)
+      for (int k = 0; k < count; k++) {
+        printf(" %s=", kAttrs[index[k]].name);
+        print_value(kAttrs[index[k]].how, data[k], p, n);
+      }
+    printf("\n");
+  }
 
   CUdeviceptr base = 0;
   size_t size = 0;
-  r = cuMemGetAddressRange(&base, &size, q);
+  CUresult r = cuMemGetAddressRange(&base, &size, q);
   printf("%s: cuMemGetAddressRange(p+%zu) rc=%d base %s size %zu\n", what, off, (int)r, rel(base, p, n), size);
 
   cudaPointerAttributes a;

@@ -248,7 +248,6 @@ pub mod driver {
         cuMemPoolExportPointer(data: *mut c_void, ptr: u64);
         cuMemPoolImportFromShareableHandle(pool: *mut *mut c_void, handle: *mut c_void, handle_type: c_int, flags: u64);
         cuMemPoolImportPointer(ptr: *mut u64, pool: *mut c_void, data: *const c_void);
-        cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64);
         // Wrapped by the driver door (and some used by the core too).
         cuMemAlloc_v2(ptr: *mut u64, size: usize);
         cuMemAllocPitch_v2(ptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint);
@@ -288,6 +287,9 @@ pub mod driver {
         cuDevicePrimaryCtxReset(device: c_int);
         cuDevicePrimaryCtxReset_v2(device: c_int);
         cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
+        cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: u64);
+        cuPointerGetAttributes(count: c_uint, attributes: *const c_int, data: *mut *mut c_void, ptr: u64);
+        cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64);
         cuIpcGetMemHandle(handle: *mut c_void, ptr: u64);
         cuIpcOpenMemHandle(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint);
         cuIpcOpenMemHandle_v2(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint);
