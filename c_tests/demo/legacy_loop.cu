@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "../driver_past_shim.h"
 #include "../exit_on_error.h"
 
 static double now_ms(void) {
@@ -59,10 +60,8 @@ int main(int argc, char **argv) {
       step<<<1, 64>>>(buf, n, (unsigned)i, sum);
       CK(cudaGetLastError());
       if (i == 0) { /* diagnostics, outside the loop's steady state */
-        CUmemoryPool h = 0;
         allocs++;
-        pooled += cuPointerGetAttribute(&h, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, (CUdeviceptr)(uintptr_t)buf) ==
-                  CUDA_SUCCESS;
+        pooled += driver_says_pooled((uint64_t)(uintptr_t)buf);
       }
       CK(cudaFree(buf));
     }

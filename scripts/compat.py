@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""The compatibility matrix (`make compat`): every GPU framework and library
+installed here, each in a small program of this project's own
+(scripts/compat/), run natively and under the shim; where the row names the
+framework's own allocator, that run too. A row passes when both runs exit 0
+and print the same RESULT (seeded programs; floats rounded to the digits
+each program names). Prints one table and writes it, with the command,
+versions and machine, to OUT/COMPATIBILITY.md.
+
+    scripts/compat.py path/to/libsomashim.so [--only REGEX] [--rounds N] [--out DIR]
+
+Times are each run's median step; with --rounds N every run is repeated N
+times and the median of the runs' medians is reported. Exit status 1 if a
+row differs or fails, 0 otherwise (rows whose framework is not installed are
+listed as skipped).
+"""
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPAT = os.path.join(ROOT, "scripts", "compat")
+NO_CACHING = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+# Keep NVLink multicast off wherever NCCL runs: it can take shared GPUs out of service.
+NCCL_SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+class Row:
+    """name; program (argv after the interpreter); env of both runs; the module it
+    needs; own: (program, env) of the run with the framework's own allocator."""
+
+    def __init__(self, name, program, env=None, needs="torch", own=None):
+        self.name, self.program, self.env, self.needs, self.own = name, program, env or {}, needs, own
+
+
+def torch_row(name, what, env=None, own_env=None):
+    program = ["torch_rows.py", what]
+    return Row(name, program, env, "transformers" if what == "generate" else "torch",
+               None if own_env is None else (program, own_env))
+
+
+ROWS = [
+    torch_row("PyTorch eager training, caching allocator", "train"),
+    torch_row("PyTorch eager training, caching off", "train", NO_CACHING, own_env={}),
+    torch_row("PyTorch expandable_segments:True", "train", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    torch_row("PyTorch backend:cudaMallocAsync", "train", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+    torch_row("transformers GPT-2 generation, caching allocator", "generate"),
+    torch_row("transformers GPT-2 generation, caching off", "generate", NO_CACHING, own_env={}),
+    torch_row("torch.compile (Inductor), caching off", "compile", NO_CACHING, own_env={}),
+    torch_row("torch.cuda.graphs, caching allocator", "graphs"),
+    torch_row("torch.multiprocessing CUDA tensor, caching allocator", "ipc"),
+    torch_row("torch.multiprocessing CUDA tensor, caching off", "ipc", NO_CACHING),
+    torch_row("NCCL all-reduce (torch.distributed), caching off", "nccl", {**NO_CACHING, **NCCL_SAFE}),
+    Row("JAX, BFC allocator (default)", ["jax_rows.py", "train"], needs="jax"),
+    Row("JAX, XLA_PYTHON_CLIENT_ALLOCATOR=platform", ["jax_rows.py", "train"],
+        {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, "jax", own=(["jax_rows.py", "train"], {})),
+    Row("JAX, XLA_PYTHON_CLIENT_PREALLOCATE=false", ["jax_rows.py", "train"],
+        {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, "jax", own=(["jax_rows.py", "train"], {})),
+    Row("CuPy, its pool", ["cupy_rows.py", "chain", "on"], needs="cupy"),
+    Row("CuPy, pool off", ["cupy_rows.py", "chain", "off"], needs="cupy", own=(["cupy_rows.py", "chain", "on"], {})),
+    Row("CuPy, MemoryAsyncPool", ["cupy_rows.py", "chain", "async"], needs="cupy",
+        own=(["cupy_rows.py", "chain", "on"], {})),
+    Row("CuPy cuBLAS/cuFFT/cuSOLVER/cuRAND/cuSPARSE, its pool", ["cupy_rows.py", "libs", "on"], needs="cupy"),
+    Row("CuPy cuBLAS/cuFFT/cuSOLVER/cuRAND/cuSPARSE, pool off", ["cupy_rows.py", "libs", "off"], needs="cupy",
+        own=(["cupy_rows.py", "libs", "on"], {})),
+    Row("C program under compute-sanitizer memcheck", ["sanitizer"], needs="compute-sanitizer"),
+]
+
+
+def run(argv, env, timeout=600):
+    """(exit status, stdout, stderr) of one run."""
+    full = {**os.environ, **env}
+    try:
+        p = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        return p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        return 124, e.stdout or "", (e.stderr or "") + f"\ntimed out after {timeout} s"
+
+
+def result_of(stdout):
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return None
+
+
+class Sanitized:
+    """The C row: the demo's legacy loop under compute-sanitizer memcheck; the
+    shim is preloaded into the target only. Its result is the checksum lines
+    and the sanitizer's error summary; it has no step time."""
+
+    def __init__(self, shim, logdir):
+        self.shim, self.logdir = shim, logdir
+        self.binary = os.path.join(logdir, "legacy_loop")
+
+    def available(self):
+        nvcc = subprocess.run(["sh", "-c", "command -v nvcc && command -v compute-sanitizer"], capture_output=True)
+        if nvcc.returncode != 0:
+            return False
+        if not os.path.exists(self.binary):
+            build = subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", "shared", "-o", self.binary,
+                                    os.path.join(ROOT, "c_tests/demo/legacy_loop.cu")], capture_output=True, text=True)
+            if build.returncode != 0:
+                print(build.stderr, file=sys.stderr)
+                return False
+        return True
+
+    def run(self, preload):
+        target = ["env", f"LD_PRELOAD={self.shim}", self.binary, "2000"] if preload else [self.binary, "2000"]
+        rc, out, err = run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99"] + target, {})
+        lines = [l for l in (out + err).splitlines() if "checksum" in l.lower() or "ERROR SUMMARY" in l]
+        return rc, {"result": lines, "ms": None, "mib": None}, out + err
+
+
+def versions():
+    probe = ("import importlib, sys\nfor m in ('torch', 'transformers', 'jax', 'jaxlib', 'cupy', 'triton'):\n"
+             "    try: print(m, importlib.import_module(m).__version__)\n"
+             "    except Exception: print(m, '-')\n")
+    rc, out, _ = run([sys.executable, "-c", probe], {}, timeout=300)
+    found = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return found, smi.stdout.strip().replace("\n", "; ")
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def fmt_ms(ms):
+    return "-" if ms is None else f"{ms:.3f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shim")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out", default=os.path.join(ROOT, "build", "compat"))
+    args = parser.parse_args()
+    shim = os.path.abspath(args.shim)
+    os.makedirs(args.out, exist_ok=True)
+    found, machine = versions()
+    sanitized = Sanitized(shim, args.out)
+    have = {m: found.get(m, "-") != "-" for m in ("torch", "transformers", "jax", "cupy")}
+    have["compute-sanitizer"] = sanitized.available()
+
+    def one(program, env, preload, tag):
+        if program == ["sanitizer"]:
+            rc, res, text = sanitized.run(preload)
+        else:
+            extra = {"LD_PRELOAD": shim} if preload else {}
+            rc, out, err = run([sys.executable, os.path.join(COMPAT, program[0])] + program[1:], {**env, **extra})
+            res, text = result_of(out), out + err
+        with open(os.path.join(args.out, f"{tag}.log"), "a") as log:
+            log.write(f"=== rc={rc}\n{text}\n")
+        return rc, res
+
+    def rounds(program, env, preload, tag):
+        outcomes = [one(program, env, preload, tag) for _ in range(args.rounds)]
+        rc = next((rc for rc, _ in outcomes if rc != 0), 0)
+        results = [res for _, res in outcomes if res]
+        if rc != 0 or not results:
+            return rc or 1, None, None, None
+        times = [r["ms"] for r in results if r["ms"] is not None]
+        mibs = [r["mib"] for r in results if r["mib"] is not None]
+        return rc, results[0]["result"], statistics.median(times) if times else None, max(mibs) if mibs else None
+
+    table, failures = [], 0
+    for index, row in enumerate(ROWS):
+        if args.only and not re.search(args.only, row.name):
+            continue
+        if not have.get(row.needs, False):
+            table.append((row.name, "not installed", "", "skipped", "", "", "", "", "", ""))
+            continue
+        tag = f"row{index:02d}"
+        for f in (f"{tag}.native", f"{tag}.shim", f"{tag}.own"):
+            open(os.path.join(args.out, f + ".log"), "w").close()
+        n_rc, n_res, n_ms, n_mib = rounds(row.program, row.env, False, f"{tag}.native")
+        s_rc, s_res, s_ms, s_mib = rounds(row.program, row.env, True, f"{tag}.shim")
+        o_ms = o_mib = None
+        if row.own:
+            _, _, o_ms, o_mib = rounds(row.own[0], row.own[1], False, f"{tag}.own")
+        if n_rc != 0 or s_rc != 0:
+            verdict = f"FAILED (native exit {n_rc}, shim exit {s_rc})"
+        else:
+            verdict = "identical" if n_res == s_res else "DIFFERS"
+        failures += verdict != "identical"
+        show = lambda r: json.dumps(r)[:60] if r is not None else "-"
+        table.append((row.name, show(n_res), show(s_res), verdict, fmt_ms(n_ms), fmt_ms(s_ms), ratio(s_ms, n_ms),
+                      ratio(s_ms, o_ms), f"{n_mib or '-'} / {s_mib or '-'}" + (f" / {o_mib}" if o_mib else ""),
+                      " ".join(f"{k}={v}" for k, v in row.env.items())))
+        print(f"{verdict:10} {row.name}", flush=True)
+
+    header = ("program", "native result", "shim result", "identical", "native ms", "shim ms", "shim/native",
+              "shim/own allocator", "MiB native / shim / own", "environment (both runs)")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in table]
+    with open(shim, "rb") as f:
+        shim_hash = hashlib.sha256(f.read()).hexdigest()[:16]
+    report = [
+        f"Command: `{' '.join(shlex.quote(a) for a in ['scripts/compat.py'] + sys.argv[1:])}`, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"Machine: {machine}; shim {shim_hash}; rounds {args.rounds}",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(found.items())),
+        "",
+    ] + lines
+    text = "\n".join(report) + "\n"
+    with open(os.path.join(args.out, "COMPATIBILITY.md"), "w") as f:
+        f.write(text)
+    print()
+    print(text)
+    print(f"{sum(1 for r in table if r[3] == 'identical')} passed, {failures} failed, "
+          f"{sum(1 for r in table if r[3] == 'skipped')} skipped")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
