@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::config::{Config, MemInfo, StatsOutput};
 use super::locks::{lock, read, write, ReadMostly};
 use super::device::{AllocFailure, Device, FreePath, Wait};
-use super::exports::{Exports, Secret};
+use super::shared_blocks::{Secret, SharedBlocks};
 use super::reclaimer::{Activity, Reclaimer};
 use crate::cuda::gpu::{Context, Event, Gpu, Pool, Stream};
 use super::output;
@@ -57,7 +57,7 @@ pub struct Allocator {
     /// (owner, accessor): `accessor` enabled peer access to `owner`'s memory.
     peer_grants: Mutex<HashSet<(i32, i32)>>,
     /// Blocks exported through CUDA IPC, and their importers' leases.
-    exports: Exports,
+    shared_blocks: SharedBlocks,
     /// Joins queued frees and returns passed ones, off the program's threads.
     pub reclaimer: Reclaimer,
 }
@@ -153,7 +153,7 @@ impl Allocator {
             work_tracked: AtomicBool::new(false),
             side_work: SideWork::default(),
             peer_grants: Mutex::new(HashSet::new()),
-            exports: Exports::default(),
+            shared_blocks: SharedBlocks::default(),
             reclaimer: Reclaimer::default(),
         }
     }
@@ -366,7 +366,7 @@ impl Allocator {
         let block = match self.map.claim_for_free(ptr, kind) {
             Claim::Live(block) => block,
             Claim::Shared(block) => {
-                if self.exports.freed(ptr, block) {
+                if self.shared_blocks.freed(ptr, block) {
                     self.freed(driver, Op::Free, ptr, block);
                     return Freed::Deferred;
                 }
@@ -426,13 +426,13 @@ impl Allocator {
                 return None;
             }
         }
-        self.exports.export(&self.map, base, new_secret)
+        self.shared_blocks.export(&self.map, base, new_secret)
     }
 
     /// An importer presents `secret` for `base`: a lease on the live block
     /// that export named, if it still is one.
     pub fn lease(&self, base: u64, secret: &Secret) -> Option<Block> {
-        self.exports.lease(&self.map, base, secret)
+        self.shared_blocks.lease(&self.map, base, secret)
     }
 
     /// A lease on `base` under `secret` ended: a block the program freed
@@ -440,7 +440,7 @@ impl Allocator {
     /// a program thread, as frees deferred during a capture are; no driver
     /// call here).
     pub fn lease_ended(&self, base: u64, secret: &Secret) {
-        if let Some(block) = self.exports.lease_ended(base, secret) {
+        if let Some(block) = self.shared_blocks.lease_ended(base, secret) {
             lock(&self.deferred).push((base, block));
             self.has_deferred.store(true, Ordering::Release);
         }
@@ -465,7 +465,7 @@ impl Allocator {
     /// one makes this a double free, which `real_free` never sees.
     pub fn forget(&self, driver: Option<&impl Gpu>, ptr: u64, real_free: impl FnOnce() -> bool) -> Freed {
         let claim = match self.map.claim_for_free_async(ptr) {
-            Claim::Shared(block) if self.exports.freed(ptr, block) => {
+            Claim::Shared(block) if self.shared_blocks.freed(ptr, block) => {
                 // Held for its importers, then freed by the shim, not by `real_free`.
                 if let Some(driver) = driver {
                     self.freed(driver, Op::FreeAsync, ptr, block);
@@ -1029,7 +1029,7 @@ impl Allocator {
         let removed = self.devices.take(ordinal);
         let host = self.hosts.take(ordinal);
         let live = self.map.take_device(ordinal);
-        self.exports.forget_device(ordinal);
+        self.shared_blocks.forget_device(ordinal);
         let deferred: Vec<(u64, Block)> = {
             let mut deferred = lock(&self.deferred);
             let (of_device, others) = deferred.drain(..).partition(|(_, block)| block.device == ordinal);

@@ -1,7 +1,7 @@
 //! CUDA IPC on pool memory, between two processes under the shim.
 //!
 //! Export (`cuIpcGetMemHandle`, `cudaIpcGetMemHandle`): for a pool block the
-//! handle is the shim's (`core::exports::IpcHandle`): the exporter's pid and
+//! handle is the shim's (`core::shared_blocks::IpcHandle`): the exporter's pid and
 //! endpoint, the block's base address and a secret; never the pool's file
 //! descriptor. The first export starts this process's IPC server: one thread
 //! listening on a Unix socket in a directory only this user can enter.
@@ -33,7 +33,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::core::allocator::Allocator;
-use crate::core::exports::{IpcHandle, Secret};
+use crate::core::shared_blocks::{IpcHandle, Secret};
 use crate::core::locks::{lock, try_lock};
 use crate::cuda::driver::{self, PointerExport};
 use crate::cuda::gpu::{Gpu, Pool};
@@ -149,8 +149,8 @@ static SERVER: Mutex<Option<Server>> = Mutex::new(None);
 static SERVING_PID: AtomicU32 = AtomicU32::new(0);
 static SERVING_ENDPOINT: AtomicU64 = AtomicU64::new(0);
 
-/// The pid of a process whose server could not start: its exports pass
-/// through from then on, without a new attempt (and warning) each time.
+/// The pid of a process whose server could not start: its handle requests
+/// pass through from then on, without a new attempt (and warning) each time.
 static FAILED_PID: AtomicU32 = AtomicU32::new(0);
 
 /// The endpoint of this process's server, started on first use.
@@ -223,7 +223,7 @@ struct Lease {
 
 /// Held by the server thread while it handles what poll reported, and by a
 /// forking thread across `fork`: the child then inherits none of the locks
-/// a step takes (exports table, pointer map, deferred frees).
+/// a step takes (shared blocks, pointer map, deferred frees).
 static SERVER_STEP: Mutex<()> = Mutex::new(());
 
 /// The server thread: answers requests and watches leases until woken.
