@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use super::config::{Config, MemInfo, StatsOutput};
 use super::locks::{lock, read, write, ReadMostly};
-use super::device::{AllocFailure, Device, FreePath, Wait};
+use super::device::ordering::{FreePath, Wait};
+use super::device::pool::{AllocFailure, Device};
 use super::shared_blocks::{Secret, SharedBlocks};
 use super::reclaimer::{Activity, Reclaimer};
 use crate::cuda::gpu::{Context, Event, Gpu, Pool, Stream};

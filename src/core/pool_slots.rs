@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::device::Device;
+use super::device::pool::Device;
 use super::locks::{read, write, ReadMostly};
 use super::passthrough::Passthrough;
 
