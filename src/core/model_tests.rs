@@ -17,7 +17,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 
-use super::allocator::{Allocator, Freed};
+use super::allocator::free::Freed;
+use super::allocator::state::Allocator;
 use super::config::Config;
 use super::ptrmap::{Memory, MemoryKind};
 use super::model::{CaptureMode, SimGpu, Touch, PER_THREAD};

@@ -13,7 +13,9 @@ use std::sync::{Mutex, Once, OnceLock};
 use std::time::Instant;
 
 use super::caller::CallerFilter;
-use crate::core::allocator::{Allocator, Freed, Unserved};
+use crate::core::allocator::alloc::Unserved;
+use crate::core::allocator::free::Freed;
+use crate::core::allocator::state::Allocator;
 use crate::core::config::{Config, StatsOutput};
 use crate::core::passthrough::Passthrough;
 use crate::core::ptrmap::{Memory, MemoryKind};

@@ -32,7 +32,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::core::allocator::Allocator;
+use crate::core::allocator::state::Allocator;
 use crate::core::shared_blocks::{IpcHandle, Secret};
 use crate::core::locks::{lock, try_lock};
 use crate::cuda::driver::{self, PointerExport};
