@@ -433,7 +433,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 /// wrap: if `name` issues work, its calls pass the hooks unseen from now on.
 fn passes_unseen(name: &CStr) {
     if WORK_ENTRY_POINTS.iter().any(|EntryPoint(work, _)| *work == name) {
-        front::hooks::allocator().work_passes_unseen();
+        front::process::allocator().work_passes_unseen();
     }
 }
 
@@ -513,8 +513,8 @@ macro_rules! work_entry_points {
                 let real = || unsafe { real_work::$name($($arg),*) };
                 // SAFETY (both): the streams are read from the caller's arguments, valid by the call's contract.
                 const NULL: front::work::NullStream = front::work::null_stream(stringify!($name));
-                let hooked = || front::work::issue(front::hooks::allocator(), NULL, &unsafe { $streams }, real);
-                let made = front::hooks::allocator_if_made;
+                let hooked = || front::work::issue(front::process::allocator(), NULL, &unsafe { $streams }, real);
+                let made = front::process::allocator_if_made;
                 let past_hooks = || front::work::issue_past_hooks(made(), NULL, &unsafe { $streams }, real);
                 guarded(hooked, past_hooks)
             }

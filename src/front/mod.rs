@@ -9,5 +9,6 @@ pub mod driver_door;
 pub mod guard;
 pub mod hooks;
 pub mod ipc;
+pub mod process;
 pub mod runtime_door;
 pub mod work;
