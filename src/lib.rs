@@ -7,6 +7,8 @@
 //! export names the real function once (`real`) and runs the hook through
 //! `guarded`, which runs `real` instead when re-entered or on a panic (the
 //! entry-point lookups through `guarded_lookup`, which answers re-entered too).
+//! The driver's exports are declared inside `driver_entry_points!`, which
+//! also makes of them the table that `dlsym` and `cuGetProcAddress` hand out.
 //!
 //! Layers, imports only downwards:
 //! - `front`: the front doors (what each hooked call does, the `dlsym` and
@@ -228,293 +230,268 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
 
 // ---- the driver front door ---------------------------------------------------
 
-with_caller!(cuMemAlloc_v2(ptr: *mut u64, size: usize) => cu_mem_alloc_from in "rdx");
-
-unsafe extern "C" fn cu_mem_alloc_from(ptr: *mut u64, size: usize, caller: usize) -> u32 {
-    let real = || unsafe { cu::cuMemAlloc_v2(ptr, size) };
-    guarded(|| unsafe { front::hooks::malloc(ptr, size, caller, || false, || OUT_OF_MEMORY, real) }, real)
+/// A row of the tables `dlsym` and `cuGetProcAddress` hand out: the
+/// export's name and the shim's function.
+macro_rules! entry_point {
+    ($name:ident) => {
+        EntryPoint(
+            match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                Ok(name) => name,
+                Err(_) => panic!("a symbol name has no NUL inside"),
+            },
+            $name as *const (),
+        )
+    };
 }
 
-with_caller!(cuMemAllocPitch_v2(ptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint)
-    => cu_mem_alloc_pitch_from in "r9");
-
-unsafe extern "C" fn cu_mem_alloc_pitch_from(
-    ptr: *mut u64,
-    pitch: *mut usize,
-    width: usize,
-    height: usize,
-    element_bytes: c_uint,
-    caller: usize,
-) -> u32 {
-    let real = || unsafe { cu::cuMemAllocPitch_v2(ptr, pitch, width, height, element_bytes) };
-    let valid = front::driver_door::pitch_element_size_is_valid(element_bytes);
-    let out_of_memory = || OUT_OF_MEMORY;
-    guarded(|| unsafe { front::hooks::malloc_pitch(ptr, pitch, width, height, valid, caller, || false, out_of_memory, real) }, real)
+/// Defines the driver exports inside it (adding `#[no_mangle]`) and, one row
+/// each, in order, their table `DRIVER_ENTRY_POINTS`, so that no export is
+/// missing from it. An export is a `pub unsafe extern "C" fn` or a
+/// `with_caller!` trampoline; a trampoline's hook (a private
+/// `unsafe extern "C" fn`) gets no row.
+macro_rules! driver_entry_points {
+    (@rows [$($done:ident)*]) => {
+        /// What `dlsym` and `cuGetProcAddress` answer with the shim's function
+        /// instead of the driver's (matched on the driver's own answer, so the
+        /// driver picks the variant for each version and per-thread flag).
+        static DRIVER_ENTRY_POINTS: &[EntryPoint] = &[$(entry_point!($done)),*];
+    };
+    (@rows [$($done:ident)*] with_caller!($export:ident $($trampoline:tt)*); $($rest:tt)*) => {
+        with_caller!($export $($trampoline)*);
+        driver_entry_points!(@rows [$($done)* $export] $($rest)*);
+    };
+    (@rows [$($done:ident)*] $(#[$attr:meta])* pub unsafe extern "C" fn $export:ident $params:tt -> u32 $body:block $($rest:tt)*) => {
+        $(#[$attr])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $export $params -> u32 $body
+        driver_entry_points!(@rows [$($done)* $export] $($rest)*);
+    };
+    (@rows [$($done:ident)*] unsafe extern "C" fn $hook:ident $params:tt -> u32 $body:block $($rest:tt)*) => {
+        unsafe extern "C" fn $hook $params -> u32 $body
+        driver_entry_points!(@rows [$($done)*] $($rest)*);
+    };
+    ($($items:tt)*) => {
+        driver_entry_points!(@rows [] $($items)*);
+    };
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> u32 {
-    let real = || unsafe { cu::cuMemFree_v2(ptr) };
-    guarded(|| front::hooks::free(ptr, front::driver_door::free_would_fail, || INVALID_VALUE, real), real)
-}
+driver_entry_points! {
+    with_caller!(cuMemAlloc_v2(ptr: *mut u64, size: usize) => cu_mem_alloc_from in "rdx");
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocHost_v2(ptr: *mut Handle, size: usize) -> u32 {
-    let real = || unsafe { cu::cuMemAllocHost_v2(ptr, size) };
-    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, ALLOC_HOST_FLAGS, || false, real) }, real)
-}
+    unsafe extern "C" fn cu_mem_alloc_from(ptr: *mut u64, size: usize, caller: usize) -> u32 {
+        let real = || unsafe { cu::cuMemAlloc_v2(ptr, size) };
+        guarded(|| unsafe { front::hooks::malloc(ptr, size, caller, || false, || OUT_OF_MEMORY, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemHostAlloc(ptr: *mut Handle, size: usize, flags: c_uint) -> u32 {
-    let real = || unsafe { cu::cuMemHostAlloc(ptr, size, flags) };
-    guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, || false, real) }, real)
-}
+    with_caller!(cuMemAllocPitch_v2(ptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint)
+        => cu_mem_alloc_pitch_from in "r9");
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFreeHost(ptr: Handle) -> u32 {
-    let real = || unsafe { cu::cuMemFreeHost(ptr) };
-    guarded(|| front::hooks::free_host(ptr as u64, front::driver_door::free_host_would_fail, || INVALID_VALUE, real), real)
-}
+    unsafe extern "C" fn cu_mem_alloc_pitch_from(
+        ptr: *mut u64,
+        pitch: *mut usize,
+        width: usize,
+        height: usize,
+        element_bytes: c_uint,
+        caller: usize,
+    ) -> u32 {
+        let real = || unsafe { cu::cuMemAllocPitch_v2(ptr, pitch, width, height, element_bytes) };
+        let valid = front::driver_door::pitch_element_size_is_valid(element_bytes);
+        let out_of_memory = || OUT_OF_MEMORY;
+        guarded(|| unsafe { front::hooks::malloc_pitch(ptr, pitch, width, height, valid, caller, || false, out_of_memory, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, ptr: Handle) -> u32 {
-    let real = || unsafe { cu::cuMemHostGetFlags(flags, ptr) };
-    guarded(|| unsafe { front::hooks::host_get_flags(flags, ptr as u64, real) }, real)
-}
+    pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> u32 {
+        let real = || unsafe { cu::cuMemFree_v2(ptr) };
+        guarded(|| front::hooks::free(ptr, front::driver_door::free_would_fail, || INVALID_VALUE, real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(device: *mut u64, host: Handle, flags: c_uint) -> u32 {
-    let real = || unsafe { cu::cuMemHostGetDevicePointer_v2(device, host, flags) };
-    guarded(|| unsafe { front::hooks::host_get_device_pointer(device, host as u64, flags, real) }, real)
-}
+    pub unsafe extern "C" fn cuMemAllocHost_v2(ptr: *mut Handle, size: usize) -> u32 {
+        let real = || unsafe { cu::cuMemAllocHost_v2(ptr, size) };
+        guarded(|| unsafe { front::hooks::malloc_host(ptr, size, ALLOC_HOST_FLAGS, || false, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: Handle) -> u32 {
-    let real = || unsafe { cu::cuMemFreeAsync(ptr, stream) };
-    guarded(|| front::hooks::free_async(ptr, || INVALID_VALUE, real), real)
-}
+    pub unsafe extern "C" fn cuMemHostAlloc(ptr: *mut Handle, size: usize, flags: c_uint) -> u32 {
+        let real = || unsafe { cu::cuMemHostAlloc(ptr, size, flags) };
+        guarded(|| unsafe { front::hooks::malloc_host(ptr, size, flags, || false, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: Handle) -> u32 {
-    let real = || unsafe { cu::cuMemFreeAsync_ptsz(ptr, stream) };
-    guarded(|| front::hooks::free_async(ptr, || INVALID_VALUE, real), real)
-}
+    pub unsafe extern "C" fn cuMemFreeHost(ptr: Handle) -> u32 {
+        let real = || unsafe { cu::cuMemFreeHost(ptr) };
+        guarded(|| front::hooks::free_host(ptr as u64, front::driver_door::free_host_would_fail, || INVALID_VALUE, real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> u32 {
-    let real = || unsafe { cu::cuStreamCreate(stream, flags) };
-    guarded(|| unsafe { front::hooks::stream_create(stream, flags, real) }, real)
-}
+    pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, ptr: Handle) -> u32 {
+        let real = || unsafe { cu::cuMemHostGetFlags(flags, ptr) };
+        guarded(|| unsafe { front::hooks::host_get_flags(flags, ptr as u64, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamCreateWithPriority(stream: *mut Handle, flags: c_uint, priority: c_int) -> u32 {
-    let real = || unsafe { cu::cuStreamCreateWithPriority(stream, flags, priority) };
-    guarded(|| unsafe { front::hooks::stream_create(stream, flags, real) }, real)
-}
+    pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(device: *mut u64, host: Handle, flags: c_uint) -> u32 {
+        let real = || unsafe { cu::cuMemHostGetDevicePointer_v2(device, host, flags) };
+        guarded(|| unsafe { front::hooks::host_get_device_pointer(device, host as u64, flags, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamDestroy_v2(stream: Handle) -> u32 {
-    let real = || unsafe { cu::cuStreamDestroy_v2(stream) };
-    guarded(|| front::hooks::stream_destroy(stream, real), real)
-}
+    pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: Handle) -> u32 {
+        let real = || unsafe { cu::cuMemFreeAsync(ptr, stream) };
+        guarded(|| front::hooks::free_async(ptr, || INVALID_VALUE, real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) -> u32 {
-    let real = || unsafe { cu::cuStreamBeginCapture_v2(stream, mode) };
-    guarded(|| front::hooks::begin_capture(stream, real), real)
-}
+    pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: Handle) -> u32 {
+        let real = || unsafe { cu::cuMemFreeAsync_ptsz(ptr, stream) };
+        guarded(|| front::hooks::free_async(ptr, || INVALID_VALUE, real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int) -> u32 {
-    let real = || unsafe { cu::cuStreamBeginCapture_v2_ptsz(stream, mode) };
-    guarded(|| front::hooks::begin_capture(front::hooks::per_thread(stream), real), real)
-}
+    pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> u32 {
+        let real = || unsafe { cu::cuStreamCreate(stream, flags) };
+        guarded(|| unsafe { front::hooks::stream_create(stream, flags, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
-    stream: Handle,
-    graph: Handle,
-    dependencies: *const c_void,
-    dependency_data: *const c_void,
-    count: usize,
-    mode: c_int,
-) -> u32 {
-    let real = || unsafe { cu::cuStreamBeginCaptureToGraph(stream, graph, dependencies, dependency_data, count, mode) };
-    guarded(|| front::hooks::begin_capture(stream, real), real)
-}
+    pub unsafe extern "C" fn cuStreamCreateWithPriority(stream: *mut Handle, flags: c_uint, priority: c_int) -> u32 {
+        let real = || unsafe { cu::cuStreamCreateWithPriority(stream, flags, priority) };
+        guarded(|| unsafe { front::hooks::stream_create(stream, flags, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
-    stream: Handle,
-    graph: Handle,
-    dependencies: *const c_void,
-    dependency_data: *const c_void,
-    count: usize,
-    mode: c_int,
-) -> u32 {
-    let real =
-        || unsafe { cu::cuStreamBeginCaptureToGraph_ptsz(stream, graph, dependencies, dependency_data, count, mode) };
-    guarded(|| front::hooks::begin_capture(front::hooks::per_thread(stream), real), real)
-}
+    pub unsafe extern "C" fn cuStreamDestroy_v2(stream: Handle) -> u32 {
+        let real = || unsafe { cu::cuStreamDestroy_v2(stream) };
+        guarded(|| front::hooks::stream_destroy(stream, real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) -> u32 {
-    let real = || unsafe { cu::cuStreamEndCapture(stream, graph) };
-    guarded(|| front::hooks::end_capture(stream, real), real)
-}
+    pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) -> u32 {
+        let real = || unsafe { cu::cuStreamBeginCapture_v2(stream, mode) };
+        guarded(|| front::hooks::begin_capture(stream, real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle) -> u32 {
-    let real = || unsafe { cu::cuStreamEndCapture_ptsz(stream, graph) };
-    guarded(|| front::hooks::end_capture(front::hooks::per_thread(stream), real), real)
-}
+    pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int) -> u32 {
+        let real = || unsafe { cu::cuStreamBeginCapture_v2_ptsz(stream, mode) };
+        guarded(|| front::hooks::begin_capture(front::hooks::per_thread(stream), real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: Handle, flags: c_uint) -> u32 {
-    let real = || unsafe { cu::cuCtxEnablePeerAccess(peer, flags) };
-    guarded(|| front::hooks::peer_access(true, || front::driver_door::peer_devices(peer), real), real)
-}
+    pub unsafe extern "C" fn cuStreamBeginCaptureToGraph(
+        stream: Handle,
+        graph: Handle,
+        dependencies: *const c_void,
+        dependency_data: *const c_void,
+        count: usize,
+        mode: c_int,
+    ) -> u32 {
+        let real = || unsafe { cu::cuStreamBeginCaptureToGraph(stream, graph, dependencies, dependency_data, count, mode) };
+        guarded(|| front::hooks::begin_capture(stream, real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer: Handle) -> u32 {
-    let real = || unsafe { cu::cuCtxDisablePeerAccess(peer) };
-    guarded(|| front::hooks::peer_access(false, || front::driver_door::peer_devices(peer), real), real)
-}
+    pub unsafe extern "C" fn cuStreamBeginCaptureToGraph_ptsz(
+        stream: Handle,
+        graph: Handle,
+        dependencies: *const c_void,
+        dependency_data: *const c_void,
+        count: usize,
+        mode: c_int,
+    ) -> u32 {
+        let real =
+            || unsafe { cu::cuStreamBeginCaptureToGraph_ptsz(stream, graph, dependencies, dependency_data, count, mode) };
+        guarded(|| front::hooks::begin_capture(front::hooks::per_thread(stream), real), real)
+    }
 
-/// The CUDA 10 entry point, which a runtime asking `cuGetProcAddress` with an
-/// older version is handed.
-#[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxReset(device: c_int) -> u32 {
-    let real = || unsafe { cu::cuDevicePrimaryCtxReset(device) };
-    guarded(|| front::hooks::device_reset(Some(device), real), real)
-}
+    pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) -> u32 {
+        let real = || unsafe { cu::cuStreamEndCapture(stream, graph) };
+        guarded(|| front::hooks::end_capture(stream, real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> u32 {
-    let real = || unsafe { cu::cuDevicePrimaryCtxReset_v2(device) };
-    guarded(|| front::hooks::device_reset(Some(device), real), real)
-}
+    pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle) -> u32 {
+        let real = || unsafe { cu::cuStreamEndCapture_ptsz(stream, graph) };
+        guarded(|| front::hooks::end_capture(front::hooks::per_thread(stream), real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut IpcMemHandle, ptr: u64) -> u32 {
-    let real = || unsafe { cu::cuIpcGetMemHandle(handle.cast(), ptr) };
-    guarded(|| unsafe { front::hooks::ipc_get_mem_handle(handle, ptr, real) }, real)
-}
+    pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: Handle, flags: c_uint) -> u32 {
+        let real = || unsafe { cu::cuCtxEnablePeerAccess(peer, flags) };
+        guarded(|| front::hooks::peer_access(true, || front::driver_door::peer_devices(peer), real), real)
+    }
 
-// The runtime's cudaIpcOpenMemHandle and cudaIpcCloseMemHandle reach these
-// (through the entry points handed out below), which keeps its error codes
-// and last error the real ones: see front/ipc.rs.
+    pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer: Handle) -> u32 {
+        let real = || unsafe { cu::cuCtxDisablePeerAccess(peer) };
+        guarded(|| front::hooks::peer_access(false, || front::driver_door::peer_devices(peer), real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuIpcOpenMemHandle(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> u32 {
-    let real = || unsafe { cu::cuIpcOpenMemHandle(ptr, handle, flags) };
-    guarded(|| unsafe { front::ipc::open_mem_handle(ptr, &handle, flags, real) }, real)
-}
+    /// The CUDA 10 entry point, which a runtime asking `cuGetProcAddress` with an
+    /// older version is handed.
+    pub unsafe extern "C" fn cuDevicePrimaryCtxReset(device: c_int) -> u32 {
+        let real = || unsafe { cu::cuDevicePrimaryCtxReset(device) };
+        guarded(|| front::hooks::device_reset(Some(device), real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> u32 {
-    let real = || unsafe { cu::cuIpcOpenMemHandle_v2(ptr, handle, flags) };
-    guarded(|| unsafe { front::ipc::open_mem_handle(ptr, &handle, flags, real) }, real)
-}
+    pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> u32 {
+        let real = || unsafe { cu::cuDevicePrimaryCtxReset_v2(device) };
+        guarded(|| front::hooks::device_reset(Some(device), real), real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuIpcCloseMemHandle(ptr: u64) -> u32 {
-    let real = || unsafe { cu::cuIpcCloseMemHandle(ptr) };
-    guarded(|| front::ipc::close_mem_handle(ptr, real), real)
-}
+    pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut IpcMemHandle, ptr: u64) -> u32 {
+        let real = || unsafe { cu::cuIpcGetMemHandle(handle.cast(), ptr) };
+        guarded(|| unsafe { front::hooks::ipc_get_mem_handle(handle, ptr, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> u32 {
-    let real = || unsafe { cu::cuMemGetInfo_v2(free, total) };
-    guarded(|| unsafe { front::hooks::mem_get_info(free, total, real) }, real)
-}
+    // The runtime's cudaIpcOpenMemHandle and cudaIpcCloseMemHandle reach these
+    // (through the entry points handed out below), which keeps its error codes
+    // and last error the real ones: see front/ipc.rs.
 
-#[no_mangle]
-pub unsafe extern "C" fn cuPointerGetAttribute(data: Handle, attribute: c_int, ptr: u64) -> u32 {
-    let real = || unsafe { cu::cuPointerGetAttribute(data, attribute, ptr) };
-    guarded(|| unsafe { front::pointer_queries::get_attribute(data, attribute, ptr, real) }, real)
-}
+    pub unsafe extern "C" fn cuIpcOpenMemHandle(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> u32 {
+        let real = || unsafe { cu::cuIpcOpenMemHandle(ptr, handle, flags) };
+        guarded(|| unsafe { front::ipc::open_mem_handle(ptr, &handle, flags, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuPointerGetAttributes(count: c_uint, attributes: *const c_int, data: *mut Handle, ptr: u64) -> u32 {
-    let real = || unsafe { cu::cuPointerGetAttributes(count, attributes, data, ptr) };
-    guarded(|| unsafe { front::pointer_queries::get_attributes(count, attributes, data, ptr, real) }, real)
-}
+    pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> u32 {
+        let real = || unsafe { cu::cuIpcOpenMemHandle_v2(ptr, handle, flags) };
+        guarded(|| unsafe { front::ipc::open_mem_handle(ptr, &handle, flags, real) }, real)
+    }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64) -> u32 {
-    let real = || unsafe { cu::cuMemGetAddressRange_v2(base, size, ptr) };
-    guarded(|| unsafe { front::pointer_queries::get_address_range(base, size, ptr, real) }, real)
+    pub unsafe extern "C" fn cuIpcCloseMemHandle(ptr: u64) -> u32 {
+        let real = || unsafe { cu::cuIpcCloseMemHandle(ptr) };
+        guarded(|| front::ipc::close_mem_handle(ptr, real), real)
+    }
+
+    pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> u32 {
+        let real = || unsafe { cu::cuMemGetInfo_v2(free, total) };
+        guarded(|| unsafe { front::hooks::mem_get_info(free, total, real) }, real)
+    }
+
+    pub unsafe extern "C" fn cuPointerGetAttribute(data: Handle, attribute: c_int, ptr: u64) -> u32 {
+        let real = || unsafe { cu::cuPointerGetAttribute(data, attribute, ptr) };
+        guarded(|| unsafe { front::pointer_queries::get_attribute(data, attribute, ptr, real) }, real)
+    }
+
+    pub unsafe extern "C" fn cuPointerGetAttributes(count: c_uint, attributes: *const c_int, data: *mut Handle, ptr: u64) -> u32 {
+        let real = || unsafe { cu::cuPointerGetAttributes(count, attributes, data, ptr) };
+        guarded(|| unsafe { front::pointer_queries::get_attributes(count, attributes, data, ptr, real) }, real)
+    }
+
+    pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64) -> u32 {
+        let real = || unsafe { cu::cuMemGetAddressRange_v2(base, size, ptr) };
+        guarded(|| unsafe { front::pointer_queries::get_address_range(base, size, ptr, real) }, real)
+    }
+
+    pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, function: *mut Handle, version: c_int, flags: u64) -> u32 {
+        let real = || unsafe { cu::cuGetProcAddress(symbol, function, version, flags) };
+        let lookup = || unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real, passes_unseen) };
+        guarded_lookup(lookup, real)
+    }
+
+    pub unsafe extern "C" fn cuGetProcAddress_v2(
+        symbol: *const c_char,
+        function: *mut Handle,
+        version: c_int,
+        flags: u64,
+        status: *mut c_int,
+    ) -> u32 {
+        let real = || unsafe { cu::cuGetProcAddress_v2(symbol, function, version, flags, status) };
+        let lookup = || unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real, passes_unseen) };
+        guarded_lookup(lookup, real)
+    }
 }
 
 /// `cuGetProcAddress` handed out a variant of `name` that the shim does not
 /// wrap: if `name` issues work, its calls pass the hooks unseen from now on.
 fn passes_unseen(name: &CStr) {
     if WORK_ENTRY_POINTS.iter().any(|EntryPoint(work, _)| *work == name) {
-        front::hooks::allocator().work_passes_unseen();
+        front::process::allocator().work_passes_unseen();
     }
 }
-
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, function: *mut Handle, version: c_int, flags: u64) -> u32 {
-    let real = || unsafe { cu::cuGetProcAddress(symbol, function, version, flags) };
-    let lookup = || unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real, passes_unseen) };
-    guarded_lookup(lookup, real)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
-    symbol: *const c_char,
-    function: *mut Handle,
-    version: c_int,
-    flags: u64,
-    status: *mut c_int,
-) -> u32 {
-    let real = || unsafe { cu::cuGetProcAddress_v2(symbol, function, version, flags, status) };
-    let lookup = || unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real, passes_unseen) };
-    guarded_lookup(lookup, real)
-}
-
-// ---- the driver entry points handed out --------------------------------------
-
-/// What `dlsym` and `cuGetProcAddress` answer with the shim's function
-/// instead of the driver's (matched on the driver's own answer, so the
-/// driver picks the variant for each version and per-thread flag).
-static DRIVER_ENTRY_POINTS: [EntryPoint; 33] = [
-    EntryPoint(c"cuMemAlloc_v2", cuMemAlloc_v2 as *const ()),
-    EntryPoint(c"cuMemAllocPitch_v2", cuMemAllocPitch_v2 as *const ()),
-    EntryPoint(c"cuMemFree_v2", cuMemFree_v2 as *const ()),
-    EntryPoint(c"cuMemAllocHost_v2", cuMemAllocHost_v2 as *const ()),
-    EntryPoint(c"cuMemHostAlloc", cuMemHostAlloc as *const ()),
-    EntryPoint(c"cuMemFreeHost", cuMemFreeHost as *const ()),
-    EntryPoint(c"cuMemHostGetFlags", cuMemHostGetFlags as *const ()),
-    EntryPoint(c"cuMemHostGetDevicePointer_v2", cuMemHostGetDevicePointer_v2 as *const ()),
-    EntryPoint(c"cuMemFreeAsync", cuMemFreeAsync as *const ()),
-    EntryPoint(c"cuMemFreeAsync_ptsz", cuMemFreeAsync_ptsz as *const ()),
-    EntryPoint(c"cuStreamCreate", cuStreamCreate as *const ()),
-    EntryPoint(c"cuStreamCreateWithPriority", cuStreamCreateWithPriority as *const ()),
-    EntryPoint(c"cuStreamDestroy_v2", cuStreamDestroy_v2 as *const ()),
-    EntryPoint(c"cuStreamBeginCapture_v2", cuStreamBeginCapture_v2 as *const ()),
-    EntryPoint(c"cuStreamBeginCapture_v2_ptsz", cuStreamBeginCapture_v2_ptsz as *const ()),
-    EntryPoint(c"cuStreamBeginCaptureToGraph", cuStreamBeginCaptureToGraph as *const ()),
-    EntryPoint(c"cuStreamBeginCaptureToGraph_ptsz", cuStreamBeginCaptureToGraph_ptsz as *const ()),
-    EntryPoint(c"cuStreamEndCapture", cuStreamEndCapture as *const ()),
-    EntryPoint(c"cuStreamEndCapture_ptsz", cuStreamEndCapture_ptsz as *const ()),
-    EntryPoint(c"cuCtxEnablePeerAccess", cuCtxEnablePeerAccess as *const ()),
-    EntryPoint(c"cuCtxDisablePeerAccess", cuCtxDisablePeerAccess as *const ()),
-    EntryPoint(c"cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset as *const ()),
-    EntryPoint(c"cuDevicePrimaryCtxReset_v2", cuDevicePrimaryCtxReset_v2 as *const ()),
-    EntryPoint(c"cuMemGetInfo_v2", cuMemGetInfo_v2 as *const ()),
-    EntryPoint(c"cuPointerGetAttribute", cuPointerGetAttribute as *const ()),
-    EntryPoint(c"cuPointerGetAttributes", cuPointerGetAttributes as *const ()),
-    EntryPoint(c"cuMemGetAddressRange_v2", cuMemGetAddressRange_v2 as *const ()),
-    EntryPoint(c"cuIpcGetMemHandle", cuIpcGetMemHandle as *const ()),
-    EntryPoint(c"cuIpcOpenMemHandle", cuIpcOpenMemHandle as *const ()),
-    EntryPoint(c"cuIpcOpenMemHandle_v2", cuIpcOpenMemHandle_v2 as *const ()),
-    EntryPoint(c"cuIpcCloseMemHandle", cuIpcCloseMemHandle as *const ()),
-    EntryPoint(c"cuGetProcAddress", cuGetProcAddress as *const ()),
-    EntryPoint(c"cuGetProcAddress_v2", cuGetProcAddress_v2 as *const ()),
-];
 
 // ---- the driver calls that issue work on a stream ---------------------------
 
@@ -534,20 +511,14 @@ macro_rules! work_entry_points {
                 let real = || unsafe { real_work::$name($($arg),*) };
                 // SAFETY (both): the streams are read from the caller's arguments, valid by the call's contract.
                 const NULL: front::work::NullStream = front::work::null_stream(stringify!($name));
-                let hooked = || front::work::issue(front::hooks::allocator(), NULL, &unsafe { $streams }, real);
-                let made = front::hooks::allocator_if_made;
+                let hooked = || front::work::issue(front::process::allocator(), NULL, &unsafe { $streams }, real);
+                let made = front::process::allocator_if_made;
                 let past_hooks = || front::work::issue_past_hooks(made(), NULL, &unsafe { $streams }, real);
                 guarded(hooked, past_hooks)
             }
         )*
         /// The exports above, as `dlsym` and `cuGetProcAddress` hand them out.
-        static WORK_ENTRY_POINTS: &[EntryPoint] = &[$(EntryPoint(
-            match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-                Ok(name) => name,
-                Err(_) => panic!("a symbol name has no NUL inside"),
-            },
-            $name as *const (),
-        )),*];
+        static WORK_ENTRY_POINTS: &[EntryPoint] = &[$(entry_point!($name)),*];
     };
 }
 
@@ -692,7 +663,7 @@ work_entry_points! {
 }
 
 /// Every driver entry point the shim hands out.
-static SERVED: [&[EntryPoint]; 2] = [&DRIVER_ENTRY_POINTS, WORK_ENTRY_POINTS];
+static SERVED: [&[EntryPoint]; 2] = [DRIVER_ENTRY_POINTS, WORK_ENTRY_POINTS];
 
 front::dlsym::export_dlsym!(served_by_dlsym);
 

@@ -6,7 +6,6 @@
 pub mod allocator;
 pub mod config;
 pub mod device;
-pub mod exports;
 pub mod locks;
 #[cfg(test)]
 mod model;
@@ -18,6 +17,7 @@ pub mod pending;
 pub mod pool_slots;
 pub mod ptrmap;
 pub mod reclaimer;
+pub mod shared_blocks;
 pub mod stats;
 pub mod streams;
 pub mod trace;

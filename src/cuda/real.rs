@@ -88,14 +88,22 @@ fn find_in_runtime(name: &CStr) -> Option<usize> {
     loaded_runtimes().into_iter().find_map(|path| {
         // SAFETY: RTLD_NOLOAD only returns a library already in the process.
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-        let symbol = if handle.is_null() { std::ptr::null_mut() } else { real_dlsym(handle, name) };
+        let symbol = if handle.is_null() {
+            std::ptr::null_mut()
+        } else {
+            real_dlsym(handle, name)
+        };
         (!symbol.is_null()).then_some(symbol as usize)
     })
 }
 
 /// Paths of the loaded objects whose file name contains `libcudart`.
 fn loaded_runtimes() -> Vec<CString> {
-    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _: usize,
+        data: *mut c_void,
+    ) -> c_int {
         // SAFETY: the loader passes a valid entry; `data` is the Vec below.
         let (info, found) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
         if !info.dlpi_name.is_null() {

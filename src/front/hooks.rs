@@ -7,138 +7,31 @@
 //! the driver, whose calls leave the runtime's last error alone.
 
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Mutex, Once, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use super::caller::CallerFilter;
-use crate::core::allocator::{Allocator, Freed, Unserved};
-use crate::core::config::{Config, StatsOutput};
+use super::ipc;
+use super::process::{allocator, arm_process_handlers};
+use crate::core::allocator::alloc::Unserved;
+use crate::core::allocator::free::Freed;
+use crate::core::allocator::state::Allocator;
+use crate::core::config::StatsOutput;
 use crate::core::passthrough::Passthrough;
 use crate::core::ptrmap::{Memory, MemoryKind};
-use crate::core::reclaimer::ForkPause;
 use crate::core::stats::Timing;
 use crate::cuda::driver::{self, Driver};
 use crate::cuda::gpu::{Context, Gpu, Stream};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
-use super::ipc;
 
 /// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
 pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPtr};
-
-static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
-
-/// The allocator if a call has made it already.
-pub fn allocator_if_made() -> Option<&'static Allocator> {
-    ALLOCATOR.get()
-}
-
-/// The process's allocator. The first call reads the configuration; a bad
-/// value ends the process with status 2 before anything is allocated.
-pub fn allocator() -> &'static Allocator {
-    ALLOCATOR.get_or_init(|| {
-        let mut config = match Config::from_environment(std::env::vars_os()) {
-            Ok(config) => config,
-            Err(error) => {
-                eprintln!("{error}");
-                std::process::exit(2);
-            }
-        };
-        init_logging(&config);
-        for (name, value) in &config.effective {
-            log::debug!("{name}={value}");
-        }
-        let pid = std::process::id();
-        let loaded_in = LOADED_IN_PID.load(Relaxed);
-        if loaded_in != 0 && loaded_in != pid {
-            // Forked before its first CUDA call: the parent's files are not its own.
-            config.for_forked_child(pid);
-        }
-        Allocator::new(config)
-    })
-}
-
-/// The process that loaded the shim (`LD_PRELOAD` loads it before `main`).
-static LOADED_IN_PID: AtomicU32 = AtomicU32::new(0);
-
-extern "C" fn record_loading_process() {
-    LOADED_IN_PID.store(std::process::id(), Relaxed);
-}
-
-#[used]
-#[link_section = ".init_array"]
-static RECORD_LOADING_PROCESS: extern "C" fn() = record_loading_process;
-
-fn init_logging(config: &Config) {
-    let _ = env_logger::Builder::new()
-        .parse_filters(&config.log)
-        .format_target(false)
-        .format_timestamp(None)
-        .format_module_path(false)
-        .try_init();
-}
 
 /// Callers named by `SOMA_PASSTHROUGH_CALLERS`, resolved once per call site.
 fn callers() -> &'static CallerFilter {
     static CALLERS: OnceLock<CallerFilter> = OnceLock::new();
     CALLERS.get_or_init(CallerFilter::default)
-}
-
-/// Arms the process's exit and fork handlers, once. Called after a CUDA
-/// call has initialised the runtime, so that the exit handler runs before
-/// the runtime's own (they run in reverse order): the reclaimer thread stops
-/// while the driver still works, then the `SOMA_STATS` table is written.
-fn arm_process_handlers() {
-    static ARMED: Once = Once::new();
-    // SAFETY: the handlers are plain extern "C" fns with no arguments.
-    ARMED.call_once(|| unsafe {
-        libc::atexit(at_exit);
-        libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child));
-    });
-}
-
-extern "C" fn at_exit() {
-    // A panic here must not unwind into libc's exit.
-    let _ = std::panic::catch_unwind(|| {
-        let allocator = allocator();
-        allocator.reclaimer.stop();
-        ipc::stop_server();
-        if allocator.reporting() {
-            allocator.report(driver::loaded());
-        }
-    });
-}
-
-thread_local! {
-    /// The reclaimer's and the IPC server's locks, held by the forking thread across `fork`.
-    static FORK_PAUSE: std::cell::RefCell<Option<(ForkPause<'static>, ipc::ForkPause)>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Before `fork`: no step of the shim's thread under way, and none of its
-/// locks held, so that the child inherits no lock held by a thread it will
-/// not have.
-extern "C" fn before_fork() {
-    let pause = (allocator().reclaimer.before_fork(), ipc::before_fork());
-    let _ = FORK_PAUSE.try_with(|slot| *slot.borrow_mut() = Some(pause));
-}
-
-extern "C" fn after_fork_in_parent() {
-    let _ = FORK_PAUSE.try_with(|slot| slot.borrow_mut().take());
-}
-
-/// In the child: the reclaimer thread did not come along, and the reports
-/// go to files of the child's own.
-extern "C" fn after_fork_in_child() {
-    // A panic here must not unwind into libc's fork.
-    let _ = std::panic::catch_unwind(|| {
-        let allocator = allocator();
-        if let Ok(Some((pause, ipc_pause))) = FORK_PAUSE.try_with(|slot| slot.borrow_mut().take()) {
-            pause.in_child(&allocator.reclaimer);
-            ipc_pause.in_child();
-        }
-        allocator.after_fork();
-    });
 }
 
 /// `cudaStreamNonBlocking` and `CU_STREAM_NON_BLOCKING`.
@@ -159,7 +52,16 @@ pub unsafe fn malloc(
 ) -> u32 {
     let request = Request::Bytes(size as u64);
     // SAFETY: as this function's contract.
-    match unsafe { allocate(out, request, caller, make_context_current, out_of_memory, real) } {
+    match unsafe {
+        allocate(
+            out,
+            request,
+            caller,
+            make_context_current,
+            out_of_memory,
+            real,
+        )
+    } {
         Answer::Pooled { .. } => SUCCESS,
         Answer::Answered(rc) => rc,
     }
@@ -171,7 +73,10 @@ enum Request {
     Bytes(u64),
     /// `height` rows of `width` bytes, each starting at a multiple of the
     /// pitch the real `cuMemAllocPitch` gives (`Pitches`).
-    Rows { width: u64, height: u64 },
+    Rows {
+        width: u64,
+        height: u64,
+    },
 }
 
 /// Who answered an allocation.
@@ -195,7 +100,13 @@ unsafe fn allocate(
 ) -> Answer {
     let allocator = allocator();
     let _timer = CallTimer::start(allocator, &allocator.stats.alloc_time);
-    match pool_alloc(allocator, out.is_null(), request, caller, make_context_current) {
+    match pool_alloc(
+        allocator,
+        out.is_null(),
+        request,
+        caller,
+        make_context_current,
+    ) {
         Ok((ptr, pitch)) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
             unsafe { *out = ptr };
@@ -215,8 +126,14 @@ unsafe fn allocate(
             };
             let rc = answered_by_real(allocator, reason, bytes, real);
             if reason == Passthrough::PoolOutOfMemory && rc == SUCCESS {
-                let device = driver::loaded().and_then(|d| d.current_device().ok()).unwrap_or(0);
-                allocator.stats.device(device).oom_fallbacks.fetch_add(1, Relaxed);
+                let device = driver::loaded()
+                    .and_then(|d| d.current_device().ok())
+                    .unwrap_or(0);
+                allocator
+                    .stats
+                    .device(device)
+                    .oom_fallbacks
+                    .fetch_add(1, Relaxed);
             }
             Answer::Answered(rc)
         }
@@ -225,7 +142,12 @@ unsafe fn allocate(
 
 /// An allocation of `bytes` the pool does not serve, for `reason`: the real
 /// function answers, and is counted.
-fn answered_by_real(allocator: &Allocator, reason: Passthrough, bytes: u64, real: impl FnOnce() -> u32) -> u32 {
+fn answered_by_real(
+    allocator: &Allocator,
+    reason: Passthrough,
+    bytes: u64,
+    real: impl FnOnce() -> u32,
+) -> u32 {
     log::trace!("allocation of {bytes} bytes passed through: {reason:?}");
     allocator.stats.passed_through(reason, bytes);
     let rc = real();
@@ -253,13 +175,29 @@ pub unsafe fn malloc_pitch(
     real: impl FnOnce() -> u32,
 ) -> u32 {
     if !element_size_valid || pitch.is_null() {
-        let reason = if pitch.is_null() { Passthrough::NullOutPointer } else { Passthrough::InvalidElementSize };
+        let reason = if pitch.is_null() {
+            Passthrough::NullOutPointer
+        } else {
+            Passthrough::InvalidElementSize
+        };
         allocator().stats.passed_through(reason, 0);
         return real();
     }
-    let request = Request::Rows { width: width as u64, height: height as u64 };
+    let request = Request::Rows {
+        width: width as u64,
+        height: height as u64,
+    };
     // SAFETY: as this function's contract.
-    match unsafe { allocate(out, request, caller, make_context_current, out_of_memory, real) } {
+    match unsafe {
+        allocate(
+            out,
+            request,
+            caller,
+            make_context_current,
+            out_of_memory,
+            real,
+        )
+    } {
         Answer::Pooled { pitch: row_pitch } => {
             // SAFETY: checked non-null above; writable by the C contract.
             unsafe { *pitch = row_pitch as usize };
@@ -279,13 +217,19 @@ impl Pitches {
     /// The pitch and size of `height` rows of `width` bytes on the current device.
     fn of(driver: &Driver, width: u64, height: u64) -> Result<(u64, u64), Passthrough> {
         static ALIGNMENTS: Mutex<Vec<(i32, u64)>> = Mutex::new(Vec::new());
-        let device = driver.current_device().map_err(|_| Passthrough::NoContext)?;
-        let mut alignments = ALIGNMENTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let device = driver
+            .current_device()
+            .map_err(|_| Passthrough::NoContext)?;
+        let mut alignments = ALIGNMENTS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let alignment = match alignments.iter().find(|(d, _)| *d == device) {
             Some(&(_, alignment)) => alignment,
             None => {
                 let learned = driver.pitch_alignment().map_err(|e| {
-                    log::warn!("device {device}: cannot learn the pitch of pitched allocations: {e:?}");
+                    log::warn!(
+                        "device {device}: cannot learn the pitch of pitched allocations: {e:?}"
+                    );
                     Passthrough::PoolError
                 })?;
                 log::debug!("device {device}: pitched allocations are aligned to {learned} bytes");
@@ -293,8 +237,15 @@ impl Pitches {
                 learned
             }
         };
-        let pitch = width.checked_next_multiple_of(alignment).ok_or(Passthrough::SizeOutOfRange)?;
-        Ok((pitch, pitch.checked_mul(height).ok_or(Passthrough::SizeOutOfRange)?))
+        let pitch = width
+            .checked_next_multiple_of(alignment)
+            .ok_or(Passthrough::SizeOutOfRange)?;
+        Ok((
+            pitch,
+            pitch
+                .checked_mul(height)
+                .ok_or(Passthrough::SizeOutOfRange)?,
+        ))
     }
 }
 
@@ -310,19 +261,40 @@ pub unsafe fn malloc_3d(
     real: impl FnOnce() -> u32,
 ) -> u32 {
     let Some(rows) = extent.height.checked_mul(extent.depth) else {
-        allocator().stats.passed_through(Passthrough::SizeOutOfRange, 0);
+        allocator()
+            .stats
+            .passed_through(Passthrough::SizeOutOfRange, 0);
         return real();
     };
     if out.is_null() {
-        allocator().stats.passed_through(Passthrough::NullOutPointer, 0);
+        allocator()
+            .stats
+            .passed_through(Passthrough::NullOutPointer, 0);
         return real();
     }
-    let request = Request::Rows { width: extent.width as u64, height: rows as u64 };
+    let request = Request::Rows {
+        width: extent.width as u64,
+        height: rows as u64,
+    };
     let mut ptr = 0u64;
     // SAFETY: a local as the out-pointer.
-    match unsafe { allocate(&mut ptr, request, caller, make_context_current, out_of_memory, real) } {
+    match unsafe {
+        allocate(
+            &mut ptr,
+            request,
+            caller,
+            make_context_current,
+            out_of_memory,
+            real,
+        )
+    } {
         Answer::Pooled { pitch } => {
-            let described = PitchedPtr { ptr: ptr as *mut c_void, pitch: pitch as usize, xsize: extent.width, ysize: extent.height };
+            let described = PitchedPtr {
+                ptr: ptr as *mut c_void,
+                pitch: pitch as usize,
+                xsize: extent.width,
+                ysize: extent.height,
+            };
             // SAFETY: checked non-null; writable by the C contract.
             unsafe { *out = described };
             SUCCESS
@@ -339,7 +311,9 @@ struct CallTimer<'a> {
 impl<'a> CallTimer<'a> {
     fn start(allocator: &Allocator, timing: &'a Timing) -> CallTimer<'a> {
         let on = allocator.config.stats != StatsOutput::Off;
-        CallTimer { started: on.then(|| (Instant::now(), timing)) }
+        CallTimer {
+            started: on.then(|| (Instant::now(), timing)),
+        }
     }
 }
 
@@ -363,7 +337,9 @@ fn pool_alloc(
 ) -> Result<(u64, u64), Unserved> {
     let early = match request {
         Request::Bytes(size) => allocator.size_passthrough(size),
-        Request::Rows { width, height } if width == 0 || height == 0 => allocator.size_passthrough(0),
+        Request::Rows { width, height } if width == 0 || height == 0 => {
+            allocator.size_passthrough(0)
+        }
         // The size range is checked once the pitch gives the size.
         Request::Rows { .. } => allocator.config.disable.then_some(Passthrough::Disabled),
     };
@@ -396,10 +372,16 @@ fn pool_alloc(
 }
 
 /// The driver and the current context, made current first where none is.
-fn driver_and_context(make_context_current: impl FnOnce() -> bool) -> Result<(&'static Driver, Context), Passthrough> {
+fn driver_and_context(
+    make_context_current: impl FnOnce() -> bool,
+) -> Result<(&'static Driver, Context), Passthrough> {
     let current = || {
         let driver = driver::loaded()?;
-        driver.current_context().ok().flatten().map(|context| (driver, context))
+        driver
+            .current_context()
+            .ok()
+            .flatten()
+            .map(|context| (driver, context))
     };
     if let Some(found) = current() {
         return Ok(found);
@@ -421,7 +403,13 @@ pub fn free(
     invalid_value: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    free_of(MemoryKind::Device, ptr, real_free_would_fail, invalid_value, real)
+    free_of(
+        MemoryKind::Device,
+        ptr,
+        real_free_would_fail,
+        invalid_value,
+        real,
+    )
 }
 
 /// `cudaFreeHost`/`cuMemFreeHost`: as `free`, for pinned host memory
@@ -432,7 +420,13 @@ pub fn free_host(
     invalid_value: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    free_of(MemoryKind::Host, ptr, real_free_would_fail, invalid_value, real)
+    free_of(
+        MemoryKind::Host,
+        ptr,
+        real_free_would_fail,
+        invalid_value,
+        real,
+    )
 }
 
 fn free_of(
@@ -460,7 +454,13 @@ fn free_of(
             }
         }
     }
-    finish_free(allocator, driver, allocator.free(driver, ptr, kind), invalid_value, real)
+    finish_free(
+        allocator,
+        driver,
+        allocator.free(driver, ptr, kind),
+        invalid_value,
+        real,
+    )
 }
 
 /// What a free answers once the core has taken (or refused) the pointer.
@@ -513,8 +513,17 @@ pub unsafe fn malloc_host(
     let _timer = CallTimer::start(allocator, &allocator.stats.host_alloc_time);
     // What `cudaHostGetFlags`/`cuMemHostGetFlags` answer for the real
     // allocation, measured (docs/FACTS.md): every one is mapped.
-    let memory = Memory::Host { flags: requested | HOST_MAPPED };
-    match pool_alloc_host(allocator, out.is_null(), size as u64, requested, memory, make_context_current) {
+    let memory = Memory::Host {
+        flags: requested | HOST_MAPPED,
+    };
+    match pool_alloc_host(
+        allocator,
+        out.is_null(),
+        size as u64,
+        requested,
+        memory,
+        make_context_current,
+    ) {
         Ok(ptr) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc_host) and writable.
             unsafe { *out = ptr as *mut c_void };
@@ -555,11 +564,13 @@ fn pool_alloc_host(
         return Err(Passthrough::StreamCapture);
     }
     let (driver, context) = driver_and_context(make_context_current)?;
-    allocator.alloc(driver, context, size, 0, memory).map_err(|unserved| match unserved {
-        Unserved::PassThrough(reason) => reason,
-        // SOMA_MEMORY_LIMIT is of device memory: a host pool is never refused by it.
-        Unserved::OverMemoryLimit => Passthrough::PoolError,
-    })
+    allocator
+        .alloc(driver, context, size, 0, memory)
+        .map_err(|unserved| match unserved {
+            Unserved::PassThrough(reason) => reason,
+            // SOMA_MEMORY_LIMIT is of device memory: a host pool is never refused by it.
+            Unserved::OverMemoryLimit => Passthrough::PoolError,
+        })
 }
 
 /// `cudaHostGetFlags`/`cuMemHostGetFlags`: for the shim's pinned host
@@ -580,7 +591,12 @@ pub unsafe fn host_get_flags(out: *mut c_uint, ptr: u64, real: impl FnOnce() -> 
 /// pinned host memory, the address itself (measured: the real one answers
 /// the host address, for interior addresses too).
 /// SAFETY: `out` is null or writable, as the C contract requires.
-pub unsafe fn host_get_device_pointer(out: *mut u64, ptr: u64, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+pub unsafe fn host_get_device_pointer(
+    out: *mut u64,
+    ptr: u64,
+    flags: c_uint,
+    real: impl FnOnce() -> u32,
+) -> u32 {
     if flags == 0 && !out.is_null() && allocator().host_block_flags(ptr).is_some() {
         // SAFETY: checked non-null; writable by the C contract.
         unsafe { *out = ptr };
@@ -591,7 +607,11 @@ pub unsafe fn host_get_device_pointer(out: *mut u64, ptr: u64, flags: c_uint, re
 
 /// `cudaFreeAsync`/`cuMemFreeAsync`: the program frees a pointer itself, in
 /// the order of its stream. The real function does it; the map forgets it.
-pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
+pub fn free_async(
+    ptr: u64,
+    invalid_value: impl FnOnce() -> u32,
+    real: impl FnOnce() -> u32,
+) -> u32 {
     let allocator = allocator();
     if allocator.config.disable {
         return real();
@@ -610,13 +630,21 @@ pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOn
 /// Stream creation: non-blocking streams are tracked, since the legacy stream
 /// does not order them.
 /// SAFETY: when `real` succeeds, `out` holds the new stream.
-pub unsafe fn stream_create(out: *mut *mut c_void, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+pub unsafe fn stream_create(
+    out: *mut *mut c_void,
+    flags: c_uint,
+    real: impl FnOnce() -> u32,
+) -> u32 {
     let rc = real();
     let allocator = allocator();
     if rc == SUCCESS && flags & STREAM_NON_BLOCKING != 0 && !allocator.config.disable {
         if let Some(driver) = driver::loaded() {
             // SAFETY: success means the new stream was written to `out`.
-            allocator.stream_created(driver, Stream(unsafe { *out }), super::work::tracked(&allocator.config));
+            allocator.stream_created(
+                driver,
+                Stream(unsafe { *out }),
+                super::work::tracked(&allocator.config),
+            );
         }
     }
     rc
@@ -671,7 +699,11 @@ pub fn device_reset(device: Option<i32>, real: impl FnOnce() -> u32) -> u32 {
 /// Peer access enabled (or disabled): once `accessor` may reach `owner`'s
 /// memory, `owner`'s pool grants it every block, past and future.
 /// `devices` names (owner, accessor) once `real` has succeeded.
-pub fn peer_access(allowed: bool, devices: impl FnOnce() -> Option<(i32, i32)>, real: impl FnOnce() -> u32) -> u32 {
+pub fn peer_access(
+    allowed: bool,
+    devices: impl FnOnce() -> Option<(i32, i32)>,
+    real: impl FnOnce() -> u32,
+) -> u32 {
     let rc = real();
     let allocator = allocator();
     if rc == SUCCESS && !allocator.config.disable {
@@ -689,14 +721,16 @@ pub fn peer_access(allowed: bool, devices: impl FnOnce() -> Option<(i32, i32)>, 
 pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
     let allocator = allocator();
-    if rc != SUCCESS || free.is_null() || total.is_null() || !allocator.config.adjusts_memory_info() {
+    if rc != SUCCESS || free.is_null() || total.is_null() || !allocator.config.adjusts_memory_info()
+    {
         return rc;
     }
     if let Some(driver) = driver::loaded() {
         if let Ok(device) = driver.current_device() {
             // SAFETY: the real call succeeded and wrote both.
             let (real_free, real_total) = unsafe { (*free as u64, *total as u64) };
-            let (shown_free, shown_total) = allocator.memory_info(driver, device, real_free, real_total);
+            let (shown_free, shown_total) =
+                allocator.memory_info(driver, device, real_free, real_total);
             // SAFETY: as above, both are writable.
             unsafe { (*free, *total) = (shown_free as usize, shown_total as usize) };
         }
@@ -706,7 +740,11 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize, real: impl FnOnc
 
 /// `cudaIpcGetMemHandle`/`cuIpcGetMemHandle` (see `ipc`).
 /// SAFETY: `out` is null or writable, as the C contract requires.
-pub unsafe fn ipc_get_mem_handle(out: *mut IpcMemHandle, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
+pub unsafe fn ipc_get_mem_handle(
+    out: *mut IpcMemHandle,
+    ptr: u64,
+    real: impl FnOnce() -> u32,
+) -> u32 {
     // SAFETY: as this function's contract.
     unsafe { ipc::get_mem_handle(allocator(), out, ptr, real) }
 }

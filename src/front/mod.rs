@@ -10,5 +10,6 @@ pub mod guard;
 pub mod hooks;
 pub mod ipc;
 pub mod pointer_queries;
+pub mod process;
 pub mod runtime_door;
 pub mod work;

@@ -61,13 +61,13 @@ impl IpcHandle {
     }
 }
 
-/// The exported blocks of this process, by base address.
+/// The blocks this process shares through CUDA IPC, by base address.
 #[derive(Default)]
-pub struct Exports {
-    table: Mutex<HashMap<u64, Export>>,
+pub struct SharedBlocks {
+    table: Mutex<HashMap<u64, SharedBlock>>,
 }
 
-struct Export {
+struct SharedBlock {
     secret: Secret,
     /// The device whose pool holds the block: a reset of it ends the export.
     device: i32,
@@ -76,11 +76,16 @@ struct Export {
     held: Option<Block>,
 }
 
-impl Exports {
+impl SharedBlocks {
     /// Exports the live block at `base`: the secret of its handle (the same
     /// for every export of one allocation, as the real handle is), and the
     /// block; None if `base` is not a live block of the pool's.
-    pub fn export(&self, map: &PointerMap, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
+    pub fn export(
+        &self,
+        map: &PointerMap,
+        base: u64,
+        new_secret: impl FnOnce() -> Option<Secret>,
+    ) -> Option<(Secret, Block)> {
         let mut table = lock(&self.table);
         let (block, shared_before) = map.share(base)?;
         let secret = match table.get(&base) {
@@ -89,7 +94,15 @@ impl Exports {
             // (Without a secret it stays marked shared and unexported: a later export draws one.)
             _ => {
                 let secret = new_secret()?;
-                table.insert(base, Export { secret, device: block.device, leases: 0, held: None });
+                table.insert(
+                    base,
+                    SharedBlock {
+                        secret,
+                        device: block.device,
+                        leases: 0,
+                        held: None,
+                    },
+                );
                 secret
             }
         };
@@ -100,7 +113,9 @@ impl Exports {
     /// is the live allocation that export named.
     pub fn lease(&self, map: &PointerMap, base: u64, secret: &Secret) -> Option<Block> {
         let mut table = lock(&self.table);
-        let export = table.get_mut(&base).filter(|export| export.held.is_none() && same_secret(&export.secret, secret))?;
+        let export = table
+            .get_mut(&base)
+            .filter(|export| export.held.is_none() && same_secret(&export.secret, secret))?;
         // Checked under the table's lock: a free marks the block pending
         // before it takes the lock, so it either sees this lease or it is seen.
         let block = map.live_shared_block(base)?;
@@ -131,7 +146,9 @@ impl Exports {
     /// touches nothing: a new export there has another secret.
     pub fn lease_ended(&self, base: u64, secret: &Secret) -> Option<Block> {
         let mut table = lock(&self.table);
-        let export = table.get_mut(&base).filter(|export| same_secret(&export.secret, secret))?;
+        let export = table
+            .get_mut(&base)
+            .filter(|export| same_secret(&export.secret, secret))?;
         export.leases = export.leases.saturating_sub(1);
         if export.leases > 0 || export.held.is_none() {
             return None;
@@ -140,7 +157,7 @@ impl Exports {
     }
 }
 
-impl Exports {
+impl SharedBlocks {
     /// Device `ordinal` is reset: its blocks, held ones included, went with
     /// its pool, and their addresses may be handed out again by a new one.
     pub fn forget_device(&self, ordinal: i32) {
@@ -159,11 +176,21 @@ fn same_secret(a: &Secret, b: &Secret) -> bool {
 mod tests {
     use super::*;
 
-    const B: Block = Block { device: 0, size: 4096, caller: 0, memory: crate::core::ptrmap::Memory::Device };
+    const B: Block = Block {
+        device: 0,
+        size: 4096,
+        caller: 0,
+        memory: crate::core::ptrmap::Memory::Device,
+    };
 
     #[test]
     fn a_handle_survives_its_bytes_and_other_bytes_are_not_one() {
-        let handle = IpcHandle { pid: 42, endpoint: 0x0123_4567_89ab_cdef, base: 0x7f00_0000_0000, secret: [7; 32] };
+        let handle = IpcHandle {
+            pid: 42,
+            endpoint: 0x0123_4567_89ab_cdef,
+            base: 0x7f00_0000_0000,
+            secret: [7; 32],
+        };
         let bytes = handle.encode();
         assert_eq!(IpcHandle::decode(&bytes), Some(handle));
         assert_eq!(IpcHandle::decode(&[0; 64]), None);
@@ -173,56 +200,97 @@ mod tests {
     }
 
     #[test]
-    fn exports_of_one_allocation_share_a_secret_and_a_new_allocation_gets_another() {
-        let (map, exports) = (PointerMap::default(), Exports::default());
+    fn handles_of_one_allocation_share_a_secret_and_a_new_allocation_gets_another() {
+        let (map, shared) = (PointerMap::default(), SharedBlocks::default());
         map.insert(0x1000, B);
-        let (first, _) = exports.export(&map, 0x1000, || Some([1; 32])).unwrap();
-        let (again, _) = exports.export(&map, 0x1000, || Some([2; 32])).unwrap();
+        let (first, _) = shared.export(&map, 0x1000, || Some([1; 32])).unwrap();
+        let (again, _) = shared.export(&map, 0x1000, || Some([2; 32])).unwrap();
         assert_eq!((first, again), ([1; 32], [1; 32]));
-        assert!(!exports.freed(0x1000, B), "no lease: freed at once");
+        assert!(!shared.freed(0x1000, B), "no lease: freed at once");
         map.returned(0x1000);
         map.insert(0x1000, B);
-        assert_eq!(exports.lease(&map, 0x1000, &[1; 32]), None, "a stale handle opens nothing");
-        let (new, _) = exports.export(&map, 0x1000, || Some([3; 32])).unwrap();
+        assert_eq!(
+            shared.lease(&map, 0x1000, &[1; 32]),
+            None,
+            "a stale handle opens nothing"
+        );
+        let (new, _) = shared.export(&map, 0x1000, || Some([3; 32])).unwrap();
         assert_eq!(new, [3; 32]);
-        assert_eq!(exports.export(&map, 0x2000, || Some([4; 32])), None, "not a pool block");
+        assert_eq!(
+            shared.export(&map, 0x2000, || Some([4; 32])),
+            None,
+            "not a pool block"
+        );
     }
 
     #[test]
     fn a_leased_block_is_held_until_its_last_lease_ends() {
-        let (map, exports) = (PointerMap::default(), Exports::default());
+        let (map, shared) = (PointerMap::default(), SharedBlocks::default());
         map.insert(0x1000, B);
-        let (secret, _) = exports.export(&map, 0x1000, || Some([9; 32])).unwrap();
-        assert_eq!(exports.lease(&map, 0x1000, &[8; 32]), None, "a forged secret");
+        let (secret, _) = shared.export(&map, 0x1000, || Some([9; 32])).unwrap();
+        assert_eq!(
+            shared.lease(&map, 0x1000, &[8; 32]),
+            None,
+            "a forged secret"
+        );
         let mut last_byte_wrong = [9; 32];
         last_byte_wrong[31] = 8;
-        assert_eq!(exports.lease(&map, 0x1000, &last_byte_wrong), None, "one byte off");
-        assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
-        assert_eq!(exports.lease(&map, 0x1000, &secret), Some(B));
-        assert_eq!(exports.lease_ended(0x1000, &secret), None, "not freed: nothing to do");
-        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
-        assert!(exports.freed(0x1000, B), "leased: held");
-        assert_eq!(exports.lease(&map, 0x1000, &secret), None, "freed: no new lease");
-        assert_eq!(exports.lease_ended(0x1000, &secret), Some(B), "the last lease frees it");
-        assert_eq!(exports.lease_ended(0x1000, &secret), None);
+        assert_eq!(
+            shared.lease(&map, 0x1000, &last_byte_wrong),
+            None,
+            "one byte off"
+        );
+        assert_eq!(shared.lease(&map, 0x1000, &secret), Some(B));
+        assert_eq!(shared.lease(&map, 0x1000, &secret), Some(B));
+        assert_eq!(
+            shared.lease_ended(0x1000, &secret),
+            None,
+            "not freed: nothing to do"
+        );
+        assert_eq!(
+            map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device),
+            crate::core::ptrmap::Claim::Shared(B)
+        );
+        assert!(shared.freed(0x1000, B), "leased: held");
+        assert_eq!(
+            shared.lease(&map, 0x1000, &secret),
+            None,
+            "freed: no new lease"
+        );
+        assert_eq!(
+            shared.lease_ended(0x1000, &secret),
+            Some(B),
+            "the last lease frees it"
+        );
+        assert_eq!(shared.lease_ended(0x1000, &secret), None);
     }
 
     #[test]
-    fn a_reset_ends_the_device_exports_and_their_old_leases_touch_no_new_one() {
-        let (map, exports) = (PointerMap::default(), Exports::default());
+    fn a_reset_ends_the_device_sharing_and_their_old_leases_touch_no_new_one() {
+        let (map, shared) = (PointerMap::default(), SharedBlocks::default());
         map.insert(0x1000, B);
-        let (old, _) = exports.export(&map, 0x1000, || Some([1; 32])).unwrap();
-        assert_eq!(exports.lease(&map, 0x1000, &old), Some(B));
-        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
-        assert!(exports.freed(0x1000, B), "leased: held");
-        exports.forget_device(0);
+        let (old, _) = shared.export(&map, 0x1000, || Some([1; 32])).unwrap();
+        assert_eq!(shared.lease(&map, 0x1000, &old), Some(B));
+        assert_eq!(
+            map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device),
+            crate::core::ptrmap::Claim::Shared(B)
+        );
+        assert!(shared.freed(0x1000, B), "leased: held");
+        shared.forget_device(0);
         map.take_device(0);
         map.insert(0x1000, B); // the new pool hands the address out again
-        assert_eq!(exports.lease_ended(0x1000, &old), None, "the held block went with the reset");
-        let (new, _) = exports.export(&map, 0x1000, || Some([2; 32])).unwrap();
-        assert_eq!(exports.lease(&map, 0x1000, &new), Some(B));
-        assert_eq!(exports.lease_ended(0x1000, &old), None, "an old lease");
-        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
-        assert!(exports.freed(0x1000, B), "the new lease still holds it");
+        assert_eq!(
+            shared.lease_ended(0x1000, &old),
+            None,
+            "the held block went with the reset"
+        );
+        let (new, _) = shared.export(&map, 0x1000, || Some([2; 32])).unwrap();
+        assert_eq!(shared.lease(&map, 0x1000, &new), Some(B));
+        assert_eq!(shared.lease_ended(0x1000, &old), None, "an old lease");
+        assert_eq!(
+            map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device),
+            crate::core::ptrmap::Claim::Shared(B)
+        );
+        assert!(shared.freed(0x1000, B), "the new lease still holds it");
     }
 }

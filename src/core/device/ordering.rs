@@ -1,4 +1,4 @@
-//! One device's pool and the ordering that makes its reuse safe.
+//! The ordering that makes the reuse of one device's pool (`pool`) safe.
 //!
 //! `cudaFree` must not let a block be handed out again before every piece of
 //! work issued before it, on every stream, has finished. How the shim keeps
@@ -54,82 +54,17 @@
 //! is out of memory it waits for every free and gives the cache back.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
-use super::config::{Config, FreeOrder, LegacyCache, PoolChoice};
-use super::locks::{thread_number, Padded};
-use super::pending::{Keep, PendingFrees, Reclaiming};
-use super::ptrmap::PointerMap;
-use super::reclaimer::Activity;
-use super::stats::{add_saturating, raise_peak, DeviceCounters, PoolPeaks};
-use super::streams::{Observer, Predecessors, SideWork};
-use super::turns::Turns;
-use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, CONTEXT_IS_DESTROYED};
-
-pub struct Device {
-    pub ordinal: i32,
-    /// A pool of pinned host memory (for the device `ordinal`), not of device memory.
-    pub host: bool,
-    pub context: Context,
-    /// `context`'s ID when the pool was set up: a different one means the
-    /// device was reset, maybe by a path the shim does not see.
-    pub context_id: u64,
-    pool: Pool,
-    owns_pool: bool,
-    /// Blocks of at most `SOMA_SMALL_BLOCKS` bytes come from a pool of their
-    /// own (the shim's): those the cache holds would otherwise keep `pool`
-    /// from reusing the memory around them (measured, docs/BENCHMARKS.md,
-    /// fifth session).
-    small_pool: Option<Pool>,
-    /// The pools were made shareable with other processes (CUDA IPC).
-    shareable: bool,
-    /// Allocations, and returns of blocks whose work is done; nothing else.
-    pool_stream: Stream,
-    /// Waits for the work before each batch of frees; its done events pass in order.
-    join_stream: Stream,
-    /// No non-blocking stream at the last free, or barrier order:
-    /// allocations and frees go on the legacy stream.
-    on_legacy_stream: AtomicBool,
-    /// A batch was ordered behind a barrier since the host last waited for
-    /// the legacy stream: its blocks may be handed out (from the cache, or
-    /// from the pool on the legacy stream) while their old work runs, so
-    /// allocations go on the legacy stream to reuse them in its order, and a
-    /// non-blocking stream made now must wait for that stream's work first.
-    reusing_barrier_frees: AtomicBool,
-    /// Recorded on the legacy stream where a non-blocking stream must wait
-    /// for the work before frees made there (see `leave_legacy_stream`).
-    legacy_free_mark: Event,
-    /// A stream made during a capture waited for the mark on the GPU only:
-    /// the legacy-stream work it covers may still run, so every stream made
-    /// later waits for it too, until the host has waited for it.
-    mark_waited_on_gpu_only: AtomicBool,
-    /// Threads waiting on the host for the mark (`wait_for_new_stream`):
-    /// until they are done, the blocks it covers may still be in use, so a
-    /// stream made meanwhile waits for it too.
-    mark_waiters: AtomicUsize,
-    order: FreeOrder,
-    internal_deps: bool,
-    pending_free_limit: u64,
-    /// `SOMA_LEGACY_CACHE`: when a free with only blocking streams keeps its block.
-    legacy_cache: LegacyCache,
-    /// Which threads free, for `LegacyCache::Auto` (written while they take
-    /// turns: a line of its own).
-    turns: Padded<Turns>,
-    /// `SOMA_MEMORY_LIMIT`: the most the pool may reserve, if limited.
-    memory_limit: Option<u64>,
-    /// Frees queued, joined or cached, and the blocks they become.
-    pending: PendingFrees,
-}
-
-/// Why an allocation did not come from the pool.
-#[derive(Debug, PartialEq, Eq)]
-pub enum AllocFailure {
-    OutOfMemory,
-    /// The pool would reserve more than `SOMA_MEMORY_LIMIT`.
-    OverLimit,
-    Driver(CuError),
-}
+use super::pool::Device;
+use crate::core::config::{FreeOrder, LegacyCache};
+use crate::core::locks::thread_number;
+use crate::core::pending::{Keep, Reclaiming};
+use crate::core::ptrmap::PointerMap;
+use crate::core::reclaimer::Activity;
+use crate::core::stats::{add_saturating, raise_peak, DeviceCounters};
+use crate::core::streams::{Predecessors, SideWork};
+use crate::cuda::gpu::{CuResult, Gpu, Stream, CONTEXT_IS_DESTROYED};
 
 /// How long a reclaim may make its thread wait on the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,93 +110,6 @@ pub enum FreePath {
 }
 
 impl Device {
-    /// Sets up the pool of `ordinal` (`host`: its pool of pinned host
-    /// memory), whose primary context is current. The shim's own device pool
-    /// is created shareable, for CUDA IPC, where the driver allows it.
-    pub fn create(driver: &impl Gpu, ordinal: i32, context: Context, config: &Config, host: bool) -> CuResult<Device> {
-        let (pool, owns_pool, shareable) = match config.pool {
-            _ if host => (driver.create_host_pool(ordinal)?, true, false),
-            PoolChoice::Own => match driver.create_shareable_pool(ordinal) {
-                Ok(pool) => (pool, true, true),
-                Err(e) => {
-                    log::info!("device {ordinal}: no shareable pool ({e:?}): CUDA IPC on its blocks passes through");
-                    (driver.create_pool(ordinal)?, true, false)
-                }
-            },
-            PoolChoice::Default => (driver.default_pool(ordinal)?, false, false),
-        };
-        let total = driver.total_memory(ordinal)?;
-        let configure = |pool: Pool| -> CuResult<Pool> {
-            driver.set_release_threshold(pool, config.release_threshold.resolve(total))?;
-            driver.set_reuse_policies(pool, config.reuse_follow_event_deps, config.reuse_opportunistic, config.reuse_internal_deps)?;
-            Ok(pool)
-        };
-        configure(pool)?;
-        let small_pool = if owns_pool && !host && config.small_blocks > 0 {
-            let made = if shareable { driver.create_shareable_pool(ordinal) } else { driver.create_pool(ordinal) };
-            match made.and_then(|small| {
-                configure(small).inspect_err(|_| {
-                    let _ = driver.destroy_pool(small);
-                })
-            }) {
-                Ok(small) => Some(small),
-                Err(e) => {
-                    log::info!("device {ordinal}: no pool for small blocks ({e:?}): one pool serves every size");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        Ok(Device {
-            ordinal,
-            host,
-            context,
-            context_id: driver.context_id(context)?,
-            pool,
-            owns_pool,
-            small_pool,
-            shareable,
-            pool_stream: driver.create_nonblocking_stream()?,
-            join_stream: driver.create_nonblocking_stream()?,
-            // Until a free has seen the streams, allocations stay off the legacy stream.
-            on_legacy_stream: AtomicBool::new(false),
-            reusing_barrier_frees: AtomicBool::new(false),
-            legacy_free_mark: driver.create_event()?,
-            mark_waited_on_gpu_only: AtomicBool::new(false),
-            mark_waiters: AtomicUsize::new(0),
-            // The CPU writes a host block at once: only the host's own
-            // observation of a passed free makes it safe to hand out.
-            order: if host { FreeOrder::Join } else { config.free_order },
-            internal_deps: config.reuse_internal_deps,
-            pending_free_limit: config.pending_free_limit.resolve(total),
-            legacy_cache: config.legacy_cache,
-            turns: Padded::default(),
-            memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
-            pending: PendingFrees::new(
-                if small_pool.is_some() { config.small_blocks } else { 0 },
-                if host { Observer::Host } else { Observer::Device },
-            ),
-        })
-    }
-
-    /// The pool that serves blocks of `size` bytes.
-    fn pool_for(&self, size: u64) -> Pool {
-        match self.small_pool {
-            Some(small) if self.pending.is_small(size) => small,
-            _ => self.pool,
-        }
-    }
-
-    fn pools(&self) -> impl Iterator<Item = Pool> {
-        std::iter::once(self.pool).chain(self.small_pool)
-    }
-
-    /// The pool of a block of `size` bytes, if other processes may import it (CUDA IPC).
-    pub fn shareable_pool(&self, size: u64) -> Option<Pool> {
-        self.shareable.then(|| self.pool_for(size))
-    }
-
     /// A block of `size` bytes from the cache, without a driver call: one
     /// whose earlier work has passed, or one ordered on the legacy stream
     /// (allocations then go there, and a non-blocking stream made later
@@ -288,76 +136,30 @@ impl Device {
         self.pending.held_bytes()
     }
 
-    /// A block of `size` bytes from the pool, usable at once from every
-    /// stream. The device's context must be current. `legacy_allowed`: no
-    /// capture is in progress (one would make a legacy-stream operation
-    /// fail), nor can one begin before this returns. `trim`: give the pool's
-    /// unused memory back to the driver first (out of memory).
-    pub fn alloc(&self, driver: &impl Gpu, size: u64, legacy_allowed: bool, trim: bool) -> Result<u64, AllocFailure> {
-        let stream = if legacy_allowed && self.reuses_on_legacy_stream() {
-            Stream::LEGACY
-        } else {
-            self.pool_stream
-        };
-        if trim {
-            log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
-            self.trim(driver, legacy_allowed)?;
-        }
-        let ptr = driver.alloc_from_pool(size, self.pool_for(size), stream).map_err(|e| {
-            if e.is_out_of_memory() {
-                AllocFailure::OutOfMemory
-            } else {
-                AllocFailure::Driver(e)
-            }
-        })?;
-        if self.memory_limit.is_some_and(|limit| self.reserved(driver) > limit) {
-            // Given back in the stream's order, where it came from: the pool
-            // can hand it out again at once, or release it when trimmed.
-            if let Err(e) = driver.free_async(ptr, stream) {
-                log::warn!("device {}: giving back a block over the memory limit failed, leaking it: {e:?}", self.ordinal);
-            }
-            if trim {
-                self.trim(driver, legacy_allowed)?; // the last attempt: the pool ends within the limit
-            }
-            return Err(AllocFailure::OverLimit);
-        }
-        if (self.internal_deps || self.host) && stream == self.pool_stream {
-            // The driver may have made the pool stream wait for a block the
-            // program freed with cudaFreeAsync; the program's streams do not
-            // wait on the pool stream, so the host does. (Every stream that
-            // may use a block allocated on the legacy stream waits for it.)
-            // Host memory: the CPU may use it on return, so the allocation
-            // must be complete by then.
-            driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
-        }
-        Ok(ptr)
-    }
-
-    /// Returns the pool's unused memory to the driver. It releases only
-    /// blocks whose free the GPU has passed: the host waits for the streams
-    /// blocks are freed on (the pool stream, and the legacy stream unless a
-    /// capture forbids it: `legacy_allowed`).
-    fn trim(&self, driver: &impl Gpu, legacy_allowed: bool) -> Result<(), AllocFailure> {
-        if legacy_allowed {
-            driver.synchronize_stream(Stream::LEGACY).map_err(AllocFailure::Driver)?;
-        }
-        driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
-        self.pools().try_for_each(|pool| driver.trim(pool)).map_err(AllocFailure::Driver)
-    }
-
     /// Joins queued frees and returns those the GPU has passed, waiting on
     /// the host as `wait` allows. The device's context must be current, no
     /// stream may be capturing, and `after` must stay the device's streams
     /// until this returns. Whether frees are still pending after it, and the
     /// time spent ordering a batch.
-    pub fn reclaim(&self, driver: &impl Gpu, after: &Predecessors, map: &PointerMap, wait: Wait, counters: &DeviceCounters) -> Activity {
+    pub fn reclaim(
+        &self,
+        driver: &impl Gpu,
+        after: &Predecessors,
+        map: &PointerMap,
+        wait: Wait,
+        counters: &DeviceCounters,
+    ) -> Activity {
         let reclaiming = match wait {
             Wait::No => self.pending.try_reclaiming(),
             Wait::Ordered | Wait::UnderBound(_) | Wait::All => Some(self.pending.reclaiming()),
         };
         let Some(mut r) = reclaiming else {
             // Another thread is at it.
-            return if self.pending.busy() { Activity::Pending(Duration::ZERO) } else { Activity::Idle };
+            return if self.pending.busy() {
+                Activity::Pending(Duration::ZERO)
+            } else {
+                Activity::Idle
+            };
         };
         let started = Instant::now();
         let to_pool = |ptr, in_legacy_order| self.return_to_pool(driver, ptr, in_legacy_order);
@@ -369,10 +171,14 @@ impl Device {
         let behind_barrier = self.order == FreeOrder::Barrier || limited;
         let batch = match queued {
             None => Ok(None),
-            Some(queued) if behind_barrier => {
-                self.pending.order_behind_barrier(&mut r, driver, self.join_stream, after, queued).map(Some)
-            }
-            Some(queued) => self.pending.join(&mut r, driver, self.join_stream, after, queued).map(Some),
+            Some(queued) if behind_barrier => self
+                .pending
+                .order_behind_barrier(&mut r, driver, self.join_stream, after, queued)
+                .map(Some),
+            Some(queued) => self
+                .pending
+                .join(&mut r, driver, self.join_stream, after, queued)
+                .map(Some),
         };
         let ordering = started.elapsed();
         match batch {
@@ -380,7 +186,10 @@ impl Device {
                 counters.batches.fetch_add(1, Relaxed);
                 raise_peak(&counters.batch_streams_high, after.nonblocking.len() as u64);
                 add_saturating(&counters.streams_asked, asked as u64);
-                add_saturating(&counters.batch_nanos, u64::try_from(ordering.as_nanos()).unwrap_or(u64::MAX));
+                add_saturating(
+                    &counters.batch_nanos,
+                    u64::try_from(ordering.as_nanos()).unwrap_or(u64::MAX),
+                );
                 if limited {
                     counters.limit_barriers.fetch_add(1, Relaxed);
                 }
@@ -395,9 +204,15 @@ impl Device {
             // or the streams and events in it, under the reclaimer: the
             // program's next call notices it.
             Err(e) if e == CONTEXT_IS_DESTROYED || self.was_reset(driver) => {
-                log::debug!("device {}: context destroyed or reset ({e:?})", self.ordinal)
+                log::debug!(
+                    "device {}: context destroyed or reset ({e:?})",
+                    self.ordinal
+                )
             }
-            Err(e) => log::warn!("device {}: ordering frees after earlier work failed: {e:?}", self.ordinal),
+            Err(e) => log::warn!(
+                "device {}: ordering frees after earlier work failed: {e:?}",
+                self.ordinal
+            ),
         }
         self.pending.collect_passed(&mut r, driver);
         match wait {
@@ -405,8 +220,13 @@ impl Device {
             // the rest is of more use to the pool. (Pinned host memory: the
             // host waits for the rest instead, `UnderBound`.)
             Wait::No | Wait::Ordered => {
-                let within = if self.host { u64::MAX } else { self.pending_free_limit };
-                self.pending.release_cached(Keep::Young { within }, map, to_pool)
+                let within = if self.host {
+                    u64::MAX
+                } else {
+                    self.pending_free_limit
+                };
+                self.pending
+                    .release_cached(Keep::Young { within }, map, to_pool)
             }
             Wait::UnderBound(in_use) => {
                 // Cached blocks of other sizes are of use to the pool, not to this request.
@@ -435,7 +255,10 @@ impl Device {
 
     fn wait_oldest(&self, r: &mut Reclaiming, driver: &impl Gpu) -> bool {
         self.pending.wait_oldest(r, driver).unwrap_or_else(|e| {
-            log::warn!("device {}: waiting for earlier work failed: {e:?}", self.ordinal);
+            log::warn!(
+                "device {}: waiting for earlier work failed: {e:?}",
+                self.ordinal
+            );
             false
         })
     }
@@ -446,9 +269,16 @@ impl Device {
     /// on that stream, where allocations reuse it in its order (and others
     /// only once the GPU has passed it).
     fn return_to_pool(&self, driver: &impl Gpu, ptr: u64, in_legacy_order: bool) {
-        let stream = if in_legacy_order { Stream::LEGACY } else { self.pool_stream };
+        let stream = if in_legacy_order {
+            Stream::LEGACY
+        } else {
+            self.pool_stream
+        };
         if let Err(e) = driver.free_async(ptr, stream) {
-            log::warn!("device {}: returning a block to the pool failed: {e:?}", self.ordinal);
+            log::warn!(
+                "device {}: returning a block to the pool failed: {e:?}",
+                self.ordinal
+            );
         }
     }
 
@@ -476,7 +306,11 @@ impl Device {
         let only_blocking = !self.host && after.nonblocking.is_empty() && after.tails.is_empty();
         let on_legacy = only_blocking || self.order == FreeOrder::Barrier;
         if self.switch_streams(on_legacy) {
-            log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });
+            log::debug!(
+                "device {}: allocations on the {} stream",
+                self.ordinal,
+                if on_legacy { "legacy" } else { "pool" }
+            );
         }
         let keep = only_blocking
             && match self.legacy_cache {
@@ -507,7 +341,11 @@ impl Device {
             return Ok(FreePath::Legacy);
         }
         self.pending.queue(ptr, size);
-        Ok(if on_legacy { FreePath::Barrier } else { FreePath::Queued })
+        Ok(if on_legacy {
+            FreePath::Barrier
+        } else {
+            FreePath::Queued
+        })
     }
 
     /// Orders a block kept in the legacy stream's order before its next
@@ -519,19 +357,22 @@ impl Device {
     /// streams once a mark follows that (`SideWork`). A non-blocking stream
     /// made later waits for a newer mark (`leave_legacy_stream`).
     fn order_kept(&self, driver: &impl Gpu, side_work: &SideWork) -> Option<bool> {
-        side_work.order_kept(self.ordinal, || driver.record(self.legacy_free_mark, Stream::LEGACY).is_ok())
+        side_work.order_kept(self.ordinal, || {
+            driver.record(self.legacy_free_mark, Stream::LEGACY).is_ok()
+        })
     }
 
     /// Whether allocations go on the legacy stream, where blocks freed there
     /// are reused at once.
-    fn reuses_on_legacy_stream(&self) -> bool {
+    pub(super) fn reuses_on_legacy_stream(&self) -> bool {
         self.on_legacy_stream.load(Relaxed) || self.reusing_barrier_frees.load(Relaxed)
     }
 
     /// Sets whether allocations go on the legacy stream; true if that changed.
     /// Written only on a change: every free of every thread asks.
     fn switch_streams(&self, on_legacy: bool) -> bool {
-        self.on_legacy_stream.load(Relaxed) != on_legacy && self.on_legacy_stream.swap(on_legacy, Relaxed) != on_legacy
+        self.on_legacy_stream.load(Relaxed) != on_legacy
+            && self.on_legacy_stream.swap(on_legacy, Relaxed) != on_legacy
     }
 
     /// The non-blocking stream `made` is new: from now on frees are joined,
@@ -551,20 +392,31 @@ impl Device {
     /// with no mark (`order_kept`) has old work there that an older mark does
     /// not cover. Called with the stream registry locked for writing; the
     /// host waits after it is released.
-    pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<HostWait> {
+    pub fn leave_legacy_stream(
+        &self,
+        driver: &impl Gpu,
+        made: Stream,
+        capturing: bool,
+    ) -> CuResult<HostWait> {
         // Both swapped: once the host has waited for the mark, every block
         // reused on the legacy stream so far has passed its free.
-        let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed) | self.reusing_barrier_frees.swap(false, Relaxed);
+        let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed)
+            | self.reusing_barrier_frees.swap(false, Relaxed);
         let mark_awaited = self.mark_waiters.load(Relaxed) > 0;
         if !was_on_legacy && !mark_awaited && !self.mark_waited_on_gpu_only.load(Relaxed) {
             return Ok(HostWait::Nothing); // frees were already joined: none was reused on the legacy stream
         }
         if capturing {
             self.mark_waited_on_gpu_only.store(true, Relaxed);
-            return driver.wait_event(made, self.legacy_free_mark).map(|()| HostWait::Nothing);
+            return driver
+                .wait_event(made, self.legacy_free_mark)
+                .map(|()| HostWait::Nothing);
         }
         if let Err(e) = driver.record(self.legacy_free_mark, Stream::LEGACY) {
-            log::warn!("device {}: marking the legacy stream failed ({e:?}): the host waits for it", self.ordinal);
+            log::warn!(
+                "device {}: marking the legacy stream failed ({e:?}): the host waits for it",
+                self.ordinal
+            );
             return Ok(HostWait::LegacyStream);
         }
         self.mark_waiters.fetch_add(1, Relaxed);
@@ -577,7 +429,12 @@ impl Device {
     /// recorded before it). If the legacy stream cannot be waited for, the
     /// new stream waits on the GPU for the last mark instead, and so does
     /// every stream made until the host has waited for one.
-    pub fn wait_for_new_stream(&self, driver: &impl Gpu, made: Stream, wait: HostWait) -> CuResult<()> {
+    pub fn wait_for_new_stream(
+        &self,
+        driver: &impl Gpu,
+        made: Stream,
+        wait: HostWait,
+    ) -> CuResult<()> {
         match wait {
             HostWait::Nothing => Ok(()),
             HostWait::Mark => {
@@ -617,7 +474,9 @@ impl Device {
         if !self.reuses_on_legacy_stream() {
             return Ok(());
         }
-        driver.record(self.legacy_free_mark, Stream::LEGACY).or_else(|_| driver.synchronize_stream(Stream::LEGACY))
+        driver
+            .record(self.legacy_free_mark, Stream::LEGACY)
+            .or_else(|_| driver.synchronize_stream(Stream::LEGACY))
     }
 
     /// The program is about to free one of the pool's blocks itself
@@ -629,90 +488,18 @@ impl Device {
     /// free is issued (a barrier, a `cudaFree` in barrier order), so they
     /// wait whatever it is now. (A stream made later waits anyway.) The
     /// device's context must be current, and no capture in progress.
-    pub fn order_before_program_free(&self, driver: &impl Gpu, after: &Predecessors) -> CuResult<()> {
+    pub fn order_before_program_free(
+        &self,
+        driver: &impl Gpu,
+        after: &Predecessors,
+    ) -> CuResult<()> {
         if after.nonblocking.is_empty() {
             return Ok(());
         }
         driver.record(self.legacy_free_mark, Stream::LEGACY)?;
-        after.nonblocking.iter().try_for_each(|live| driver.wait_event(live.stream, self.legacy_free_mark))
-    }
-
-    /// Bytes the pools hold now, used or not.
-    pub fn reserved(&self, driver: &impl Gpu) -> u64 {
-        self.pools().map(|pool| driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0)).sum()
-    }
-
-    /// The pools' high-water marks, if they can still be asked; with two
-    /// pools, the sum of each one's (at least the peak of both together).
-    pub fn peaks(&self, driver: &impl Gpu) -> Option<PoolPeaks> {
-        self.pools().try_fold(PoolPeaks { used_high: 0, reserved_high: 0 }, |sum, pool| {
-            Some(PoolPeaks {
-                used_high: sum.used_high + driver.pool_bytes(pool, PoolCounter::UsedHigh).ok()?,
-                reserved_high: sum.reserved_high + driver.pool_bytes(pool, PoolCounter::ReservedHigh).ok()?,
-            })
-        })
-    }
-
-    /// Bytes the pools hold that the program does not: unused in a pool,
-    /// freed by the program and not yet passed, or cached.
-    pub fn idle_bytes(&self, driver: &impl Gpu) -> u64 {
-        let unused: u64 = self
-            .pools()
-            .map(|pool| {
-                let reserved = driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0);
-                let used = driver.pool_bytes(pool, PoolCounter::UsedNow).unwrap_or(reserved);
-                reserved.saturating_sub(used)
-            })
-            .sum();
-        unused + self.pending.held_bytes()
-    }
-
-    /// Lets device `accessor` reach every block of the pools, or stops it.
-    pub fn set_peer_access(&self, driver: &impl Gpu, accessor: i32, allowed: bool) -> CuResult<()> {
-        self.pools().try_for_each(|pool| driver.set_peer_access(pool, accessor, allowed))
-    }
-
-    /// Before a reset: every block still allocated (`live`, never freed, and
-    /// the pending and cached ones) goes back to the pool, so that the pool
-    /// is really released and old pointers are invalid, as after a real
-    /// reset; then everything the shim created is destroyed. The device's
-    /// context must be current. Errors are ignored: the reset destroys it all anyway.
-    pub fn destroy(&self, driver: &impl Gpu, live: &[u64]) {
-        let (held, events) = self.pending.close();
-        for ptr in live.iter().chain(&held) {
-            let _ = driver.free_async(*ptr, self.pool_stream);
-        }
-        let _ = driver.synchronize_stream(self.pool_stream);
-        for event in events.into_iter().chain([self.legacy_free_mark]) {
-            let _ = driver.destroy_event(event);
-        }
-        let _ = driver.destroy_stream(self.pool_stream);
-        let _ = driver.destroy_stream(self.join_stream);
-        self.destroy_own_pools(driver);
-    }
-
-    /// Destroys the pools the shim made (not the device's default pool,
-    /// which is reset with the device).
-    fn destroy_own_pools(&self, driver: &impl Gpu) {
-        if self.owns_pool {
-            for pool in self.pools() {
-                let _ = driver.destroy_pool(pool);
-            }
-        }
-    }
-
-    /// After a reset the shim did not see (its streams and events died with
-    /// the context; the pool, a device object, did not): frees every block
-    /// still allocated (`live`, and the held ones) without a stream and
-    /// destroys the pool, so old pointers are invalid as after a real reset.
-    pub fn abandon(&self, driver: &impl Gpu, live: &[u64]) {
-        let (held, _dead_events) = self.pending.close();
-        if !self.owns_pool {
-            return; // the device's default pool is reset with the device
-        }
-        for ptr in live.iter().chain(&held) {
-            let _ = driver.free_now(*ptr);
-        }
-        self.destroy_own_pools(driver);
+        after
+            .nonblocking
+            .iter()
+            .try_for_each(|live| driver.wait_event(live.stream, self.legacy_free_mark))
     }
 }

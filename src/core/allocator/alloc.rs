@@ -1,0 +1,179 @@
+//! Allocation: a block from the cache or the pool, or the reason the real
+//! allocator answers instead.
+
+use std::sync::atomic::Ordering;
+
+use super::state::Allocator;
+use crate::core::device::ordering::Wait;
+use crate::core::device::pool::{AllocFailure, Device};
+use crate::core::locks::read;
+use crate::core::passthrough::Passthrough;
+use crate::core::ptrmap::{Block, Memory};
+use crate::core::trace::Op;
+use crate::cuda::gpu::{Context, Gpu};
+
+/// Where an allocation came from.
+enum Served {
+    /// A block freed earlier, from the cache (`Device::take_cached`): pending in the map.
+    Cached(u64),
+    /// New from the pool.
+    Pool(u64),
+}
+
+/// Why the pool did not serve an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unserved {
+    /// The real allocator answers instead.
+    PassThrough(Passthrough),
+    /// The pool would hold more than `SOMA_MEMORY_LIMIT` even after its
+    /// frees were waited for and it was trimmed: the program is told it is
+    /// out of memory, as the real allocator would tell it on a full device.
+    OverMemoryLimit,
+}
+
+impl From<Passthrough> for Unserved {
+    fn from(reason: Passthrough) -> Unserved {
+        Unserved::PassThrough(reason)
+    }
+}
+
+impl Allocator {
+    /// Whether the configuration sends this request to the real allocator.
+    pub fn size_passthrough(&self, size: u64) -> Option<Passthrough> {
+        if self.config.disable {
+            Some(Passthrough::Disabled)
+        } else if size == 0 {
+            Some(Passthrough::ZeroSize)
+        } else if !self.config.pools_size(size) {
+            Some(Passthrough::SizeOutOfRange)
+        } else {
+            None
+        }
+    }
+
+    /// Allocates `size` bytes in the pool of the device of `context` (the
+    /// current one), or in its pinned host memory pool (`memory`), for the
+    /// code at `caller` (its return address).
+    pub fn alloc(
+        &self,
+        driver: &impl Gpu,
+        context: Context,
+        size: u64,
+        caller: usize,
+        memory: Memory,
+    ) -> Result<u64, Unserved> {
+        let device = self.device(driver, context)?;
+        let device = if memory.is_host() {
+            self.host_pool(driver, &device)?
+        } else {
+            device
+        };
+        self.issue_deferred_frees(driver);
+        let block = Block {
+            device: device.ordinal,
+            size,
+            caller,
+            memory,
+        };
+        match self.serve(driver, &device, size) {
+            Ok(served) => {
+                let ptr = match served {
+                    Served::Cached(ptr) => {
+                        if !self.map.reissue(ptr, block) {
+                            log::warn!(
+                                "pointer map was stale at {ptr:#x}: a cached block was not pending"
+                            );
+                        }
+                        self.stats
+                            .counters(device.ordinal, device.host)
+                            .tally()
+                            .cache_hits
+                            .fetch_add(1, Ordering::Relaxed);
+                        ptr
+                    }
+                    Served::Pool(ptr) => {
+                        if let Some(stale) = self.map.insert(ptr, block) {
+                            log::warn!("pointer map was stale at {ptr:#x} ({stale:?})");
+                        }
+                        ptr
+                    }
+                };
+                let in_use = self.stats.pooled_alloc(device.ordinal, device.host, size);
+                let op = if device.host {
+                    Op::HostAlloc
+                } else {
+                    Op::Alloc
+                };
+                self.observe(driver, &device, op, size, ptr, in_use);
+                Ok(ptr)
+            }
+            Err(AllocFailure::OutOfMemory) => Err(Passthrough::PoolOutOfMemory.into()),
+            Err(AllocFailure::OverLimit) => {
+                self.stats
+                    .device(device.ordinal)
+                    .limit_refusals
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(Unserved::OverMemoryLimit)
+            }
+            Err(AllocFailure::Driver(e)) => {
+                log::warn!(
+                    "device {}: pool allocation of {size} bytes failed: {e:?}",
+                    device.ordinal
+                );
+                Err(Passthrough::PoolError.into())
+            }
+        }
+    }
+
+    /// A block of `size` bytes: one from the cache, else a
+    /// new one from the pool. Past the pending-free bound this thread first
+    /// orders the queued frees itself (device memory: behind a barrier, so
+    /// they are reused at once; pinned host memory: waiting for the oldest),
+    /// and when the pool is out of memory it waits for every free, then
+    /// trims the pool, before it gives up.
+    fn serve(&self, driver: &impl Gpu, device: &Device, size: u64) -> Result<Served, AllocFailure> {
+        if let Some(ptr) = device.take_cached(size) {
+            return Ok(Served::Cached(ptr));
+        }
+        // Held through the allocation: no capture may begin while it may use
+        // the legacy stream or join streams.
+        let captures = read(&self.captures);
+        let quiet = captures.is_empty();
+        let counters = self.stats.counters(device.ordinal, device.host);
+        let in_use = counters.in_use.load(Ordering::Relaxed);
+        let wait = if !quiet {
+            None
+        } else if device.over_pending_bound(in_use) {
+            if device.host {
+                counters.pending_waits.fetch_add(1, Ordering::Relaxed);
+                Some(Wait::UnderBound(in_use))
+            } else {
+                Some(Wait::Ordered)
+            }
+        } else if !self.reclaimer.running() && device.holds_frees() {
+            Some(Wait::No) // no thread does it (and, with none queued, nothing to do: no lock taken)
+        } else {
+            None
+        };
+        if let Some(wait) = wait {
+            self.reclaim(driver, device, wait);
+            if let Some(ptr) = device.take_cached(size) {
+                return Ok(Served::Cached(ptr));
+            }
+        }
+        let ptr = match device.alloc(driver, size, quiet, false) {
+            Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) if quiet => {
+                counters.oom_retries.fetch_add(1, Ordering::Relaxed);
+                self.reclaim(driver, device, Wait::All);
+                match device.alloc(driver, size, quiet, false) {
+                    Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) => {
+                        device.alloc(driver, size, quiet, true)
+                    }
+                    other => other,
+                }
+            }
+            other => other,
+        }?;
+        Ok(Served::Pool(ptr))
+    }
+}

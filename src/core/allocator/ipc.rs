@@ -1,0 +1,73 @@
+//! Pool blocks shared with other processes through CUDA IPC: a block's
+//! handle, and its importers' leases (held in `core::shared_blocks`).
+
+use std::sync::atomic::Ordering;
+
+use super::state::Allocator;
+use crate::core::locks::{lock, read};
+use crate::core::ptrmap::Block;
+use crate::core::shared_blocks::Secret;
+use crate::cuda::gpu::{Context, Gpu, Pool};
+
+impl Allocator {
+    /// Exports the live pool block at `base` through CUDA IPC: the secret of
+    /// its handle (`new_secret` draws one for a new export) and the block.
+    /// None where the shim cannot export it: the real call answers.
+    pub fn export(
+        &self,
+        driver: &impl Gpu,
+        base: u64,
+        new_secret: impl FnOnce() -> Option<Secret>,
+    ) -> Option<(Secret, Block)> {
+        let block = self.map.live_block(base)?;
+        if self.map.live_shared_block(base).is_none() {
+            // A new allocation: its earlier work must be done before an
+            // importer may touch it (see `Device::wait_before_export`).
+            // Held until the end: no capture may begin while the legacy
+            // stream is marked or waited for; during one it may not be.
+            let captures = read(&self.captures);
+            if !captures.is_empty() {
+                return None;
+            }
+            let device = self.known_device(block.device)?;
+            if let Err(e) = driver
+                .with_context(device.context, || device.wait_before_export(driver))
+                .and_then(|r| r)
+            {
+                log::warn!(
+                    "device {}: waiting for the legacy stream before an export failed: {e:?}",
+                    block.device
+                );
+                return None;
+            }
+        }
+        self.shared_blocks.export(&self.map, base, new_secret)
+    }
+
+    /// An importer presents `secret` for `base`: a lease on the live block
+    /// that export named, if it still is one.
+    pub fn lease(&self, base: u64, secret: &Secret) -> Option<Block> {
+        self.shared_blocks.lease(&self.map, base, secret)
+    }
+
+    /// A lease on `base` under `secret` ended: a block the program freed
+    /// meanwhile is freed once its last lease ends (by the next pool call of
+    /// a program thread, as frees deferred during a capture are; no driver
+    /// call here).
+    pub fn lease_ended(&self, base: u64, secret: &Secret) {
+        if let Some(block) = self.shared_blocks.lease_ended(base, secret) {
+            lock(&self.deferred).push((base, block));
+            self.has_deferred.store(true, Ordering::Release);
+        }
+    }
+
+    /// The pool of device `ordinal` that serves blocks of `size` bytes, its
+    /// context and that context's unique id (a new one after a reset), if the
+    /// pool can be shared with other processes.
+    pub fn shareable_pool(&self, ordinal: i32, size: u64) -> Option<(Pool, Context, u64)> {
+        let device = self.known_device(ordinal)?;
+        device
+            .shareable_pool(size)
+            .map(|pool| (pool, device.context, device.context_id))
+    }
+}

@@ -1,0 +1,370 @@
+//! One device's pool: its set-up, allocations from it, what it holds, and
+//! its teardown at a reset. How frees are ordered before its blocks are
+//! handed out again: `ordering`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+use crate::core::config::{Config, FreeOrder, LegacyCache, PoolChoice};
+use crate::core::locks::Padded;
+use crate::core::pending::PendingFrees;
+use crate::core::stats::PoolPeaks;
+use crate::core::streams::Observer;
+use crate::core::turns::Turns;
+use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream};
+
+pub struct Device {
+    pub ordinal: i32,
+    /// A pool of pinned host memory (for the device `ordinal`), not of device memory.
+    pub host: bool,
+    pub context: Context,
+    /// `context`'s ID when the pool was set up: a different one means the
+    /// device was reset, maybe by a path the shim does not see.
+    pub context_id: u64,
+    pub(super) pool: Pool,
+    pub(super) owns_pool: bool,
+    /// Blocks of at most `SOMA_SMALL_BLOCKS` bytes come from a pool of their
+    /// own (the shim's): those the cache holds would otherwise keep `pool`
+    /// from reusing the memory around them (measured, docs/BENCHMARKS.md).
+    pub(super) small_pool: Option<Pool>,
+    /// The pools were made shareable with other processes (CUDA IPC).
+    pub(super) shareable: bool,
+    /// Allocations, and returns of blocks whose work is done; nothing else.
+    pub(super) pool_stream: Stream,
+    /// Waits for the work before each batch of frees; its done events pass in order.
+    pub(super) join_stream: Stream,
+    /// No non-blocking stream at the last free, or barrier order:
+    /// allocations and frees go on the legacy stream.
+    pub(super) on_legacy_stream: AtomicBool,
+    /// A batch was ordered behind a barrier since the host last waited for
+    /// the legacy stream: its blocks may be handed out (from the cache, or
+    /// from the pool on the legacy stream) while their old work runs, so
+    /// allocations go on the legacy stream to reuse them in its order, and a
+    /// non-blocking stream made now must wait for that stream's work first.
+    pub(super) reusing_barrier_frees: AtomicBool,
+    /// Recorded on the legacy stream where a non-blocking stream must wait
+    /// for the work before frees made there (see `leave_legacy_stream`).
+    pub(super) legacy_free_mark: Event,
+    /// A stream made during a capture waited for the mark on the GPU only:
+    /// the legacy-stream work it covers may still run, so every stream made
+    /// later waits for it too, until the host has waited for it.
+    pub(super) mark_waited_on_gpu_only: AtomicBool,
+    /// Threads waiting on the host for the mark (`wait_for_new_stream`):
+    /// until they are done, the blocks it covers may still be in use, so a
+    /// stream made meanwhile waits for it too.
+    pub(super) mark_waiters: AtomicUsize,
+    pub(super) order: FreeOrder,
+    pub(super) internal_deps: bool,
+    pub(super) pending_free_limit: u64,
+    /// `SOMA_LEGACY_CACHE`: when a free with only blocking streams keeps its block.
+    pub(super) legacy_cache: LegacyCache,
+    /// Which threads free, for `LegacyCache::Auto` (written while they take
+    /// turns: a line of its own).
+    pub(super) turns: Padded<Turns>,
+    /// `SOMA_MEMORY_LIMIT`: the most the pool may reserve, if limited.
+    pub(super) memory_limit: Option<u64>,
+    /// Frees queued, joined or cached, and the blocks they become.
+    pub(super) pending: PendingFrees,
+}
+
+/// Why an allocation did not come from the pool.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AllocFailure {
+    OutOfMemory,
+    /// The pool would reserve more than `SOMA_MEMORY_LIMIT`.
+    OverLimit,
+    Driver(CuError),
+}
+
+impl Device {
+    /// Sets up the pool of `ordinal` (`host`: its pool of pinned host
+    /// memory), whose primary context is current. The shim's own device pool
+    /// is created shareable, for CUDA IPC, where the driver allows it.
+    pub fn create(
+        driver: &impl Gpu,
+        ordinal: i32,
+        context: Context,
+        config: &Config,
+        host: bool,
+    ) -> CuResult<Device> {
+        let (pool, owns_pool, shareable) = match config.pool {
+            _ if host => (driver.create_host_pool(ordinal)?, true, false),
+            PoolChoice::Own => match driver.create_shareable_pool(ordinal) {
+                Ok(pool) => (pool, true, true),
+                Err(e) => {
+                    log::info!("device {ordinal}: no shareable pool ({e:?}): CUDA IPC on its blocks passes through");
+                    (driver.create_pool(ordinal)?, true, false)
+                }
+            },
+            PoolChoice::Default => (driver.default_pool(ordinal)?, false, false),
+        };
+        let total = driver.total_memory(ordinal)?;
+        let configure = |pool: Pool| -> CuResult<Pool> {
+            driver.set_release_threshold(pool, config.release_threshold.resolve(total))?;
+            driver.set_reuse_policies(
+                pool,
+                config.reuse_follow_event_deps,
+                config.reuse_opportunistic,
+                config.reuse_internal_deps,
+            )?;
+            Ok(pool)
+        };
+        configure(pool)?;
+        let small_pool = if owns_pool && !host && config.small_blocks > 0 {
+            let made = if shareable {
+                driver.create_shareable_pool(ordinal)
+            } else {
+                driver.create_pool(ordinal)
+            };
+            match made.and_then(|small| {
+                configure(small).inspect_err(|_| {
+                    let _ = driver.destroy_pool(small);
+                })
+            }) {
+                Ok(small) => Some(small),
+                Err(e) => {
+                    log::info!("device {ordinal}: no pool for small blocks ({e:?}): one pool serves every size");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Device {
+            ordinal,
+            host,
+            context,
+            context_id: driver.context_id(context)?,
+            pool,
+            owns_pool,
+            small_pool,
+            shareable,
+            pool_stream: driver.create_nonblocking_stream()?,
+            join_stream: driver.create_nonblocking_stream()?,
+            // Until a free has seen the streams, allocations stay off the legacy stream.
+            on_legacy_stream: AtomicBool::new(false),
+            reusing_barrier_frees: AtomicBool::new(false),
+            legacy_free_mark: driver.create_event()?,
+            mark_waited_on_gpu_only: AtomicBool::new(false),
+            mark_waiters: AtomicUsize::new(0),
+            // The CPU writes a host block at once: only the host's own
+            // observation of a passed free makes it safe to hand out.
+            order: if host {
+                FreeOrder::Join
+            } else {
+                config.free_order
+            },
+            internal_deps: config.reuse_internal_deps,
+            pending_free_limit: config.pending_free_limit.resolve(total),
+            legacy_cache: config.legacy_cache,
+            turns: Padded::default(),
+            memory_limit: Some(config.memory_limit.resolve(total))
+                .filter(|&limit| !host && limit < total),
+            pending: PendingFrees::new(
+                if small_pool.is_some() {
+                    config.small_blocks
+                } else {
+                    0
+                },
+                if host {
+                    Observer::Host
+                } else {
+                    Observer::Device
+                },
+            ),
+        })
+    }
+
+    /// The pool that serves blocks of `size` bytes.
+    fn pool_for(&self, size: u64) -> Pool {
+        match self.small_pool {
+            Some(small) if self.pending.is_small(size) => small,
+            _ => self.pool,
+        }
+    }
+
+    fn pools(&self) -> impl Iterator<Item = Pool> {
+        std::iter::once(self.pool).chain(self.small_pool)
+    }
+
+    /// The pool of a block of `size` bytes, if other processes may import it (CUDA IPC).
+    pub fn shareable_pool(&self, size: u64) -> Option<Pool> {
+        self.shareable.then(|| self.pool_for(size))
+    }
+
+    /// A block of `size` bytes from the pool, usable at once from every
+    /// stream. The device's context must be current. `legacy_allowed`: no
+    /// capture is in progress (one would make a legacy-stream operation
+    /// fail), nor can one begin before this returns. `trim`: give the pool's
+    /// unused memory back to the driver first (out of memory).
+    pub fn alloc(
+        &self,
+        driver: &impl Gpu,
+        size: u64,
+        legacy_allowed: bool,
+        trim: bool,
+    ) -> Result<u64, AllocFailure> {
+        let stream = if legacy_allowed && self.reuses_on_legacy_stream() {
+            Stream::LEGACY
+        } else {
+            self.pool_stream
+        };
+        if trim {
+            log::debug!(
+                "device {}: trimming the pool for {size} bytes",
+                self.ordinal
+            );
+            self.trim(driver, legacy_allowed)?;
+        }
+        let ptr = driver
+            .alloc_from_pool(size, self.pool_for(size), stream)
+            .map_err(|e| {
+                if e.is_out_of_memory() {
+                    AllocFailure::OutOfMemory
+                } else {
+                    AllocFailure::Driver(e)
+                }
+            })?;
+        if self
+            .memory_limit
+            .is_some_and(|limit| self.reserved(driver) > limit)
+        {
+            // Given back in the stream's order, where it came from: the pool
+            // can hand it out again at once, or release it when trimmed.
+            if let Err(e) = driver.free_async(ptr, stream) {
+                log::warn!("device {}: giving back a block over the memory limit failed, leaking it: {e:?}", self.ordinal);
+            }
+            if trim {
+                self.trim(driver, legacy_allowed)?; // the last attempt: the pool ends within the limit
+            }
+            return Err(AllocFailure::OverLimit);
+        }
+        if (self.internal_deps || self.host) && stream == self.pool_stream {
+            // The driver may have made the pool stream wait for a block the
+            // program freed with cudaFreeAsync; the program's streams do not
+            // wait on the pool stream, so the host does. (Every stream that
+            // may use a block allocated on the legacy stream waits for it.)
+            // Host memory: the CPU may use it on return, so the allocation
+            // must be complete by then.
+            driver
+                .synchronize_stream(self.pool_stream)
+                .map_err(AllocFailure::Driver)?;
+        }
+        Ok(ptr)
+    }
+
+    /// Returns the pool's unused memory to the driver. It releases only
+    /// blocks whose free the GPU has passed: the host waits for the streams
+    /// blocks are freed on (the pool stream, and the legacy stream unless a
+    /// capture forbids it: `legacy_allowed`).
+    fn trim(&self, driver: &impl Gpu, legacy_allowed: bool) -> Result<(), AllocFailure> {
+        if legacy_allowed {
+            driver
+                .synchronize_stream(Stream::LEGACY)
+                .map_err(AllocFailure::Driver)?;
+        }
+        driver
+            .synchronize_stream(self.pool_stream)
+            .map_err(AllocFailure::Driver)?;
+        self.pools()
+            .try_for_each(|pool| driver.trim(pool))
+            .map_err(AllocFailure::Driver)
+    }
+
+    /// Bytes the pools hold now, used or not.
+    pub fn reserved(&self, driver: &impl Gpu) -> u64 {
+        self.pools()
+            .map(|pool| {
+                driver
+                    .pool_bytes(pool, PoolCounter::ReservedNow)
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+
+    /// The pools' high-water marks, if they can still be asked; with two
+    /// pools, the sum of each one's (at least the peak of both together).
+    pub fn peaks(&self, driver: &impl Gpu) -> Option<PoolPeaks> {
+        self.pools().try_fold(
+            PoolPeaks {
+                used_high: 0,
+                reserved_high: 0,
+            },
+            |sum, pool| {
+                Some(PoolPeaks {
+                    used_high: sum.used_high
+                        + driver.pool_bytes(pool, PoolCounter::UsedHigh).ok()?,
+                    reserved_high: sum.reserved_high
+                        + driver.pool_bytes(pool, PoolCounter::ReservedHigh).ok()?,
+                })
+            },
+        )
+    }
+
+    /// Bytes the pools hold that the program does not: unused in a pool,
+    /// freed by the program and not yet passed, or cached.
+    pub fn idle_bytes(&self, driver: &impl Gpu) -> u64 {
+        let unused: u64 = self
+            .pools()
+            .map(|pool| {
+                let reserved = driver
+                    .pool_bytes(pool, PoolCounter::ReservedNow)
+                    .unwrap_or(0);
+                let used = driver
+                    .pool_bytes(pool, PoolCounter::UsedNow)
+                    .unwrap_or(reserved);
+                reserved.saturating_sub(used)
+            })
+            .sum();
+        unused + self.pending.held_bytes()
+    }
+
+    /// Lets device `accessor` reach every block of the pools, or stops it.
+    pub fn set_peer_access(&self, driver: &impl Gpu, accessor: i32, allowed: bool) -> CuResult<()> {
+        self.pools()
+            .try_for_each(|pool| driver.set_peer_access(pool, accessor, allowed))
+    }
+
+    /// Before a reset: every block still allocated (`live`, never freed, and
+    /// the pending and cached ones) goes back to the pool, so that the pool
+    /// is really released and old pointers are invalid, as after a real
+    /// reset; then everything the shim created is destroyed. The device's
+    /// context must be current. Errors are ignored: the reset destroys it all anyway.
+    pub fn destroy(&self, driver: &impl Gpu, live: &[u64]) {
+        let (held, events) = self.pending.close();
+        for ptr in live.iter().chain(&held) {
+            let _ = driver.free_async(*ptr, self.pool_stream);
+        }
+        let _ = driver.synchronize_stream(self.pool_stream);
+        for event in events.into_iter().chain([self.legacy_free_mark]) {
+            let _ = driver.destroy_event(event);
+        }
+        let _ = driver.destroy_stream(self.pool_stream);
+        let _ = driver.destroy_stream(self.join_stream);
+        self.destroy_own_pools(driver);
+    }
+
+    /// Destroys the pools the shim made (not the device's default pool,
+    /// which is reset with the device).
+    fn destroy_own_pools(&self, driver: &impl Gpu) {
+        if self.owns_pool {
+            for pool in self.pools() {
+                let _ = driver.destroy_pool(pool);
+            }
+        }
+    }
+
+    /// After a reset the shim did not see (its streams and events died with
+    /// the context; the pool, a device object, did not): frees every block
+    /// still allocated (`live`, and the held ones) without a stream and
+    /// destroys the pool, so old pointers are invalid as after a real reset.
+    pub fn abandon(&self, driver: &impl Gpu, live: &[u64]) {
+        let (held, _dead_events) = self.pending.close();
+        if !self.owns_pool {
+            return; // the device's default pool is reset with the device
+        }
+        for ptr in live.iter().chain(&held) {
+            let _ = driver.free_now(*ptr);
+        }
+        self.destroy_own_pools(driver);
+    }
+}
