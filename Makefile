@@ -12,7 +12,7 @@ SHIM_LIB := $(if $(SHIM),$(SHIM),target/release/libsomashim.so)
 
 PREFIX ?= /usr/local
 
-.PHONY: test gpu-test gpu-test-cuda12 cuda12-runtime demo bench install headers shim clean
+.PHONY: test gpu-test gpu-test-cuda12 cuda12-runtime demo bench compat install headers shim clean
 
 # Real CUDA 13.0 headers for the CPU test double, from the pinned pip packages
 # (the runtime's, and crt/ which cuda_runtime_api.h includes).
@@ -50,6 +50,10 @@ demo: shim
 
 bench: shim
 	scripts/bench.sh $(SHIM_LIB)
+
+# Every GPU framework installed here, natively and under the shim (scripts/compat.py).
+compat: shim
+	python3 scripts/compat.py $(SHIM_LIB) $(COMPAT_ARGS)
 
 # PREFIX/lib/libsomashim.so and PREFIX/bin/somarun (DESTDIR is honoured).
 install: shim
