@@ -137,6 +137,9 @@ static void put(void *p, int host, size_t n, unsigned seed) {
   for (size_t i = 0; i < words; i++) h[i] = pattern(seed, i);
   if (host) memcpy(p, h, span(n));
   else CHECK_CUDA(cudaMemcpy(p, h, span(n), cudaMemcpyDefault));
+  /* A copy from pageable memory may return before its DMA lands, and the
+   * operation under test may run on a non-blocking stream. */
+  CHECK_CUDA(cudaDeviceSynchronize());
   free(h);
 }
 
