@@ -75,9 +75,7 @@ impl Bytes {
         match self {
             Bytes::Exact(n) => n,
             Bytes::DeviceTotal => device_total,
-            Bytes::DeviceShare(basis_points) => {
-                (device_total as u128 * basis_points as u128 / 10_000) as u64
-            }
+            Bytes::DeviceShare(basis_points) => (device_total as u128 * basis_points as u128 / 10_000) as u64,
         }
     }
 }
@@ -119,9 +117,7 @@ pub struct Config {
 #[derive(Clone, Copy)]
 enum Kind {
     Flag,
-    Size {
-        allow_total: bool,
-    },
+    Size { allow_total: bool },
     /// A byte count or a percentage of the device's memory.
     Share,
     Pool,
@@ -363,17 +359,9 @@ pub static VARIABLES: &[Variable] = &[
 #[derive(Debug, PartialEq, Eq)]
 pub enum ConfigError {
     /// A value that does not parse (or is not UTF-8).
-    BadValue {
-        variable: &'static str,
-        value: String,
-        accepted: &'static str,
-    },
+    BadValue { variable: &'static str, value: String, accepted: &'static str },
     /// A `SOMA_*` variable that is not in the table.
-    UnknownVariable {
-        name: String,
-        value: String,
-        closest: &'static str,
-    },
+    UnknownVariable { name: String, value: String, closest: &'static str },
     /// `SOMA_MIN_BYTES` above `SOMA_MAX_BYTES`: nothing would be pooled.
     EmptySizeRange { min: String, max: String },
 }
@@ -404,18 +392,13 @@ impl fmt::Display for ConfigError {
 impl Config {
     /// Reads the configuration from the process's environment (`vars`: every
     /// name and value; those not starting with `SOMA_` are not looked at).
-    pub fn from_environment(
-        vars: impl IntoIterator<Item = (OsString, OsString)>,
-    ) -> Result<Config, ConfigError> {
+    pub fn from_environment(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Result<Config, ConfigError> {
         let mut given: Vec<Option<OsString>> = vec![None; VARIABLES.len()];
         for (name, value) in vars {
             if !name.as_bytes().starts_with(b"SOMA_") {
                 continue;
             }
-            match VARIABLES
-                .iter()
-                .position(|v| v.name.as_bytes() == name.as_bytes())
-            {
+            match VARIABLES.iter().position(|v| v.name.as_bytes() == name.as_bytes()) {
                 // The first of duplicate entries wins, as with getenv.
                 Some(index) => {
                     given[index].get_or_insert(value);
@@ -445,13 +428,7 @@ impl Config {
             config.effective.push((variable.name, text.to_string()));
         }
         if config.min_bytes > config.max_bytes {
-            let text = |name| {
-                config
-                    .effective
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, t)| t.clone())
-            };
+            let text = |name| config.effective.iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone());
             return Err(ConfigError::EmptySizeRange {
                 min: text("SOMA_MIN_BYTES").unwrap_or_default(),
                 max: text("SOMA_MAX_BYTES").unwrap_or_default(),
@@ -504,8 +481,7 @@ impl Config {
     /// Whether `cudaMemGetInfo` answers other than the driver does
     /// (`SOMA_MEMINFO=pool`, or a `SOMA_MEMORY_LIMIT`).
     pub fn adjusts_memory_info(&self) -> bool {
-        !self.disable
-            && (self.meminfo == MemInfo::Pool || self.memory_limit != Bytes::Exact(u64::MAX))
+        !self.disable && (self.meminfo == MemInfo::Pool || self.memory_limit != Bytes::Exact(u64::MAX))
     }
 
     pub fn pools_size(&self, size: u64) -> bool {
@@ -527,11 +503,7 @@ fn shown(value: &OsStr) -> String {
 /// The known variable nearest to `name` by edit distance (a misspelling's likely meaning).
 fn closest_variable(name: &OsStr) -> &'static str {
     let name = name.as_bytes();
-    VARIABLES
-        .iter()
-        .map(|v| v.name)
-        .min_by_key(|known| edit_distance(name, known.as_bytes()))
-        .unwrap_or("")
+    VARIABLES.iter().map(|v| v.name).min_by_key(|known| edit_distance(name, known.as_bytes())).unwrap_or("")
 }
 
 /// Levenshtein distance: the fewest insertions, deletions and substitutions
@@ -561,12 +533,8 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
         },
         // A limit of nothing would refuse every allocation: not a setting anyone means.
         Kind::Share => match text.strip_suffix('%') {
-            Some(percent) => {
-                parse_percent(percent).map(|share| Value::Size(Bytes::DeviceShare(share)))
-            }
-            None => parse_size(text)
-                .filter(|&n| n > 0)
-                .map(|n| Value::Size(Bytes::Exact(n))),
+            Some(percent) => parse_percent(percent).map(|share| Value::Size(Bytes::DeviceShare(share))),
+            None => parse_size(text).filter(|&n| n > 0).map(|n| Value::Size(Bytes::Exact(n))),
         },
         Kind::Pool => match text.to_ascii_lowercase().as_str() {
             "own" => Some(Value::Pool(PoolChoice::Own)),
@@ -586,17 +554,9 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
         },
         // A path is told from a flag by its `/`, so that a mistyped flag
         // (`ture`) cannot become a file in the current directory.
-        Kind::Stats if text.contains('/') => {
-            Some(Value::Stats(StatsOutput::File(text.to_string())))
-        }
+        Kind::Stats if text.contains('/') => Some(Value::Stats(StatsOutput::File(text.to_string()))),
         Kind::Stats if text.is_empty() => Some(Value::Stats(StatsOutput::Off)),
-        Kind::Stats => parse_flag(text).map(|on| {
-            Value::Stats(if on {
-                StatsOutput::Stderr
-            } else {
-                StatsOutput::Off
-            })
-        }),
+        Kind::Stats => parse_flag(text).map(|on| Value::Stats(if on { StatsOutput::Stderr } else { StatsOutput::Off })),
         Kind::Path => Some(Value::Path((!text.is_empty()).then(|| text.to_string()))),
         Kind::MemInfo => match text.to_ascii_lowercase().as_str() {
             "real" => Some(Value::MemInfo(MemInfo::Real)),
@@ -604,16 +564,9 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             _ => None,
         },
         Kind::List => Some(Value::List(
-            text.split(',')
-                .map(str::trim_ascii)
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect(),
+            text.split(',').map(str::trim_ascii).filter(|s| !s.is_empty()).map(String::from).collect(),
         )),
-        Kind::LogFilter => text
-            .split(',')
-            .all(is_log_directive)
-            .then(|| Value::Text(text.to_string())),
+        Kind::LogFilter => text.split(',').all(is_log_directive).then(|| Value::Text(text.to_string())),
     }
 }
 
@@ -627,9 +580,7 @@ fn is_log_directive(directive: &str) -> bool {
     let is_level = |text: &str| LEVELS.iter().any(|level| level.eq_ignore_ascii_case(text));
     let is_module = |text: &str| {
         (text == "somashim" || text.starts_with("somashim::"))
-            && text
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
     };
     let directive = directive.trim_ascii();
     match directive.split_once('=') {
@@ -643,12 +594,7 @@ fn is_log_directive(directive: &str) -> bool {
 fn parse_percent(text: &str) -> Option<u32> {
     let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
     let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if whole.is_empty()
-        || whole.len() > 3
-        || fraction.len() > 2
-        || !digits(whole)
-        || !digits(fraction)
-    {
+    if whole.is_empty() || whole.len() > 3 || fraction.len() > 2 || !digits(whole) || !digits(fraction) {
         return None;
     }
     let fraction: u32 = format!("{fraction:0<2}").parse().ok()?;
@@ -671,9 +617,7 @@ pub fn parse_size(text: &str) -> Option<u64> {
     if lower == "max" {
         return Some(u64::MAX);
     }
-    let split = lower
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(lower.len());
+    let split = lower.find(|c: char| !c.is_ascii_digit()).unwrap_or(lower.len());
     let (digits, unit) = lower.split_at(split);
     let number: u64 = digits.parse().ok()?;
     let shift = match unit.trim_ascii() {
@@ -693,11 +637,7 @@ mod tests {
     use std::os::unix::ffi::OsStringExt;
 
     fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        Config::from_environment(
-            pairs
-                .iter()
-                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-        )
+        Config::from_environment(pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))))
     }
 
     /// The variable a bad value was blamed on.
@@ -730,40 +670,19 @@ mod tests {
 
     #[test]
     fn stats_go_to_stderr_or_a_file() {
-        assert_eq!(
-            config(&[("SOMA_STATS", "1")]).unwrap().stats,
-            StatsOutput::Stderr
-        );
-        assert_eq!(
-            config(&[("SOMA_STATS", "/tmp/s.txt")]).unwrap().stats,
-            StatsOutput::File("/tmp/s.txt".into())
-        );
-        assert_eq!(
-            config(&[("SOMA_STATS", "0")]).unwrap().stats,
-            StatsOutput::Off
-        );
-        assert_eq!(
-            config(&[("SOMA_STATS", "./s")]).unwrap().stats,
-            StatsOutput::File("./s".into())
-        );
-        assert_eq!(
-            config(&[("SOMA_STATS", "")]).unwrap().stats,
-            StatsOutput::Off
-        );
+        assert_eq!(config(&[("SOMA_STATS", "1")]).unwrap().stats, StatsOutput::Stderr);
+        assert_eq!(config(&[("SOMA_STATS", "/tmp/s.txt")]).unwrap().stats, StatsOutput::File("/tmp/s.txt".into()));
+        assert_eq!(config(&[("SOMA_STATS", "0")]).unwrap().stats, StatsOutput::Off);
+        assert_eq!(config(&[("SOMA_STATS", "./s")]).unwrap().stats, StatsOutput::File("./s".into()));
+        assert_eq!(config(&[("SOMA_STATS", "")]).unwrap().stats, StatsOutput::Off);
     }
 
     #[test]
     fn a_stats_path_needs_a_slash_so_a_mistyped_flag_is_an_error() {
         let e = config(&[("SOMA_STATS", "ture")]).unwrap_err();
         let message = e.to_string();
-        assert!(
-            message.contains("SOMA_STATS=\"ture\"") && message.contains("./stats.txt"),
-            "{message}"
-        );
-        assert_eq!(
-            blamed(config(&[("SOMA_STATS", "stats.txt")]).unwrap_err()),
-            "SOMA_STATS"
-        );
+        assert!(message.contains("SOMA_STATS=\"ture\"") && message.contains("./stats.txt"), "{message}");
+        assert_eq!(blamed(config(&[("SOMA_STATS", "stats.txt")]).unwrap_err()), "SOMA_STATS");
     }
 
     #[test]
@@ -771,120 +690,47 @@ mod tests {
         let value = OsString::from_vec(b"1\xff".to_vec());
         let e = Config::from_environment([(OsString::from("SOMA_DISABLE"), value)]).unwrap_err();
         assert_eq!(e.to_string().lines().count(), 1);
-        assert!(
-            e.to_string()
-                .starts_with("somashim: SOMA_DISABLE=\"1\\xff\" is not valid; accepted: 0 or 1"),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("somashim: SOMA_DISABLE=\"1\\xff\" is not valid; accepted: 0 or 1"), "{e}");
     }
 
     #[test]
     fn a_misspelt_variable_names_the_closest_known_one() {
         let e = config(&[("SOMA_DISABEL", "1")]).unwrap_err();
-        assert!(
-            matches!(
-                &e,
-                ConfigError::UnknownVariable {
-                    closest: "SOMA_DISABLE",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
+        assert!(matches!(&e, ConfigError::UnknownVariable { closest: "SOMA_DISABLE", .. }), "{e:?}");
         let message = e.to_string();
-        assert!(
-            message.contains("SOMA_DISABEL=\"1\"")
-                && message.contains("did you mean SOMA_DISABLE?"),
-            "{message}"
-        );
+        assert!(message.contains("SOMA_DISABEL=\"1\"") && message.contains("did you mean SOMA_DISABLE?"), "{message}");
         let e = config(&[("SOMA_FOO", "1")]).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                ConfigError::UnknownVariable {
-                    closest: "SOMA_POOL",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
-        assert!(
-            config(&[("SOMASHIM_LIB", "/x.so"), ("PATH", "/bin"), ("SOMA", "1")]).is_ok(),
-            "only SOMA_* is checked"
-        );
+        assert!(matches!(e, ConfigError::UnknownVariable { closest: "SOMA_POOL", .. }), "{e:?}");
+        assert!(config(&[("SOMASHIM_LIB", "/x.so"), ("PATH", "/bin"), ("SOMA", "1")]).is_ok(), "only SOMA_* is checked");
         assert_eq!(edit_distance(b"kitten", b"sitting"), 3);
         assert_eq!(edit_distance(b"", b"abc"), 3);
     }
 
     #[test]
     fn log_filters_are_checked() {
-        for good in [
-            "warn",
-            "",
-            "off",
-            "somashim=debug",
-            "somashim::core::trace=TRACE",
-            "somashim",
-            "info,somashim=trace,",
-        ] {
+        for good in ["warn", "", "off", "somashim=debug", "somashim::core::trace=TRACE", "somashim", "info,somashim=trace,"] {
             assert_eq!(config(&[("SOMA_LOG", good)]).unwrap().log, good, "{good}");
         }
-        for bad in [
-            "verbose",
-            "=",
-            "somashim=",
-            "=debug",
-            "somashim=loud",
-            "warn/regex",
-            "other=debug",
-            "some shim",
-        ] {
-            assert_eq!(
-                blamed(config(&[("SOMA_LOG", bad)]).unwrap_err()),
-                "SOMA_LOG",
-                "{bad}"
-            );
+        for bad in ["verbose", "=", "somashim=", "=debug", "somashim=loud", "warn/regex", "other=debug", "some shim"] {
+            assert_eq!(blamed(config(&[("SOMA_LOG", bad)]).unwrap_err()), "SOMA_LOG", "{bad}");
         }
     }
 
     #[test]
     fn min_bytes_above_max_bytes_is_an_error() {
         let e = config(&[("SOMA_MIN_BYTES", "2MiB"), ("SOMA_MAX_BYTES", "1MiB")]).unwrap_err();
-        assert_eq!(
-            e,
-            ConfigError::EmptySizeRange {
-                min: "2MiB".into(),
-                max: "1MiB".into()
-            }
-        );
-        assert!(
-            e.to_string()
-                .contains("SOMA_MIN_BYTES=\"2MiB\" is more than SOMA_MAX_BYTES=\"1MiB\""),
-            "{e}"
-        );
+        assert_eq!(e, ConfigError::EmptySizeRange { min: "2MiB".into(), max: "1MiB".into() });
+        assert!(e.to_string().contains("SOMA_MIN_BYTES=\"2MiB\" is more than SOMA_MAX_BYTES=\"1MiB\""), "{e}");
         assert!(config(&[("SOMA_MIN_BYTES", "1MiB"), ("SOMA_MAX_BYTES", "1MiB")]).is_ok());
     }
 
     #[test]
     fn only_ascii_whitespace_is_trimmed() {
         assert!(config(&[("SOMA_DISABLE", " 1\t")]).unwrap().disable);
-        assert_eq!(
-            config(&[("SOMA_PENDING_FREE_LIMIT", " 4 MiB ")])
-                .unwrap()
-                .pending_free_limit,
-            Bytes::Exact(4 << 20)
-        );
+        assert_eq!(config(&[("SOMA_PENDING_FREE_LIMIT", " 4 MiB ")]).unwrap().pending_free_limit, Bytes::Exact(4 << 20));
         for value in ["\u{a0}1", "1\u{2003}", "\u{3000}4MiB"] {
-            let variable = if value.ends_with("MiB") {
-                "SOMA_MAX_BYTES"
-            } else {
-                "SOMA_DISABLE"
-            };
-            assert_eq!(
-                blamed(config(&[(variable, value)]).unwrap_err()),
-                variable,
-                "{value:?}"
-            );
+            let variable = if value.ends_with("MiB") { "SOMA_MAX_BYTES" } else { "SOMA_DISABLE" };
+            assert_eq!(blamed(config(&[(variable, value)]).unwrap_err()), variable, "{value:?}");
         }
     }
 
@@ -901,11 +747,7 @@ mod tests {
         assert_eq!(parse_size("G"), None);
         assert_eq!(parse_size("-1"), None);
         assert_eq!(parse_size("1.5G"), None);
-        assert_eq!(
-            parse_size("99999999999T"),
-            None,
-            "overflow is an error, not a wrap"
-        );
+        assert_eq!(parse_size("99999999999T"), None, "overflow is an error, not a wrap");
     }
 
     #[test]
@@ -913,10 +755,7 @@ mod tests {
         let c = config(&[("SOMA_RELEASE_THRESHOLD", "total")]).unwrap();
         assert_eq!(c.release_threshold, Bytes::DeviceTotal);
         assert_eq!(c.release_threshold.resolve(80 << 30), 80 << 30);
-        assert_eq!(
-            blamed(config(&[("SOMA_MAX_BYTES", "total")]).unwrap_err()),
-            "SOMA_MAX_BYTES"
-        );
+        assert_eq!(blamed(config(&[("SOMA_MAX_BYTES", "total")]).unwrap_err()), "SOMA_MAX_BYTES");
     }
 
     #[test]
@@ -928,16 +767,9 @@ mod tests {
         assert_eq!(limit("12.5%").unwrap().resolve(80 << 30), 10 << 30);
         assert_eq!(limit(" 100% ").unwrap().resolve(80 << 30), 80 << 30);
         assert_eq!(limit("0.01%").unwrap().resolve(10_000), 1);
-        for bad in [
-            "0", "0%", "101%", "%", "-5%", "1.234%", "5 %", "50%%", "total", "half",
-        ] {
-            let message = config(&[("SOMA_MEMORY_LIMIT", bad)])
-                .unwrap_err()
-                .to_string();
-            assert!(
-                message.contains("SOMA_MEMORY_LIMIT") && message.contains("50%"),
-                "{bad}: {message}"
-            );
+        for bad in ["0", "0%", "101%", "%", "-5%", "1.234%", "5 %", "50%%", "total", "half"] {
+            let message = config(&[("SOMA_MEMORY_LIMIT", bad)]).unwrap_err().to_string();
+            assert!(message.contains("SOMA_MEMORY_LIMIT") && message.contains("50%"), "{bad}: {message}");
         }
     }
 
@@ -977,10 +809,7 @@ mod tests {
         assert_eq!(c.stats, StatsOutput::Stderr);
         assert_eq!(c.trace.as_deref(), Some("/tmp/t.csv"));
         assert_eq!(c.meminfo, MemInfo::Pool);
-        assert_eq!(
-            c.passthrough_callers,
-            vec!["libnccl".to_string(), "libfoo".to_string()]
-        );
+        assert_eq!(c.passthrough_callers, vec!["libnccl".to_string(), "libfoo".to_string()]);
         assert_eq!(c.log, "somashim=debug");
         assert_eq!(c.effective.len(), VARIABLES.len());
     }
@@ -991,22 +820,10 @@ mod tests {
         let message = e.to_string();
         assert!(message.contains("SOMA_RELEASE_THRESHOLD"), "{message}");
         assert!(message.contains("banana"), "{message}");
-        assert!(
-            message.contains("512MiB") && message.contains("total"),
-            "{message}"
-        );
-        assert!(config(&[("SOMA_POOL", "mine")])
-            .unwrap_err()
-            .to_string()
-            .ends_with("accepted: own or default"));
-        assert_eq!(
-            blamed(config(&[("SOMA_FREE_SYNC", "2")]).unwrap_err()),
-            "SOMA_FREE_SYNC"
-        );
-        assert_eq!(
-            blamed(config(&[("SOMA_MEMINFO", "free")]).unwrap_err()),
-            "SOMA_MEMINFO"
-        );
+        assert!(message.contains("512MiB") && message.contains("total"), "{message}");
+        assert!(config(&[("SOMA_POOL", "mine")]).unwrap_err().to_string().ends_with("accepted: own or default"));
+        assert_eq!(blamed(config(&[("SOMA_FREE_SYNC", "2")]).unwrap_err()), "SOMA_FREE_SYNC");
+        assert_eq!(blamed(config(&[("SOMA_MEMINFO", "free")]).unwrap_err()), "SOMA_MEMINFO");
     }
 
     #[test]
@@ -1026,11 +843,7 @@ mod tests {
                 .lines()
                 .find(|l| l.starts_with(&format!("| `{}`", v.name)))
                 .unwrap_or_else(|| panic!("README has no table row for {}", v.name));
-            let default = if v.default.is_empty() {
-                "(unset)".to_string()
-            } else {
-                format!("`{}`", v.default)
-            };
+            let default = if v.default.is_empty() { "(unset)".to_string() } else { format!("`{}`", v.default) };
             assert!(
                 row.contains(&default),
                 "README row for {} does not give the default `{}`: {row}",

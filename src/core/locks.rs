@@ -22,9 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The lock if no other thread holds it.
@@ -90,9 +88,7 @@ impl<T> PerShard<T> {
 
     /// One count, over every shard (saturating).
     pub fn sum(&self, count: impl Fn(&T) -> &AtomicU64) -> u64 {
-        self.iter().fold(0, |sum, shard| {
-            sum.saturating_add(count(shard).load(Relaxed))
-        })
+        self.iter().fold(0, |sum, shard| sum.saturating_add(count(shard).load(Relaxed)))
     }
 }
 
@@ -133,36 +129,18 @@ pub struct WriteGuard<'a, T> {
 
 impl<T> ReadMostly<T> {
     pub fn new(data: T) -> Self {
-        ReadMostly {
-            shards: PerShard::default(),
-            data: UnsafeCell::new(data),
-        }
+        ReadMostly { shards: PerShard::default(), data: UnsafeCell::new(data) }
     }
 
     pub fn read(&self) -> ReadGuard<'_, T> {
-        let shard = self
-            .shards
-            .mine()
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        ReadGuard {
-            _shard: shard,
-            data: self.data_pointer(),
-            _data: PhantomData,
-        }
+        let shard = self.shards.mine().read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        ReadGuard { _shard: shard, data: self.data_pointer(), _data: PhantomData }
     }
 
     pub fn write(&self) -> WriteGuard<'_, T> {
-        let mut shards = self
-            .shards
-            .iter()
-            .map(|s| s.write().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        let mut shards = self.shards.iter().map(|s| s.write().unwrap_or_else(|poisoned| poisoned.into_inner()));
         let shards = std::array::from_fn(|_| shards.next().expect("one lock per shard"));
-        WriteGuard {
-            _shards: shards,
-            data: self.data_pointer(),
-            _data: PhantomData,
-        }
+        WriteGuard { _shards: shards, data: self.data_pointer(), _data: PhantomData }
     }
 
     /// The write lock if no thread holds any shard (those taken before one
@@ -177,11 +155,7 @@ impl<T> ReadMostly<T> {
             }
         }
         let shards = held.try_into().ok()?;
-        Some(WriteGuard {
-            _shards: shards,
-            data: self.data_pointer(),
-            _data: PhantomData,
-        })
+        Some(WriteGuard { _shards: shards, data: self.data_pointer(), _data: PhantomData })
     }
 
     fn data_pointer(&self) -> NonNull<T> {
@@ -243,10 +217,7 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(
-            *lock.read(),
-            ((2 * SHARDS / 4 * 300) as u64, (2 * SHARDS / 4 * 300) as u64)
-        );
+        assert_eq!(*lock.read(), ((2 * SHARDS / 4 * 300) as u64, (2 * SHARDS / 4 * 300) as u64));
     }
 
     /// A reader on one shard after another (each a new thread, so on the
@@ -270,10 +241,7 @@ mod tests {
             assert!(lock.try_write().is_none());
             done_tx.send(()).unwrap();
             reader.join().unwrap();
-            assert!(
-                lock.try_write().is_some(),
-                "a failed try_write kept a shard"
-            );
+            assert!(lock.try_write().is_some(), "a failed try_write kept a shard");
         }
     }
 }

@@ -22,9 +22,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::cuda::gpu::{
-    Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, OUT_OF_MEMORY,
-};
+use crate::cuda::gpu::{Context, CuError, CuResult, Event, Gpu, Pool, PoolCounter, Stream, OUT_OF_MEMORY};
 
 /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
 pub const CAPTURE_UNSUPPORTED: CuError = CuError(900);
@@ -148,15 +146,7 @@ impl SimGpu {
     pub fn new(seed: u64, capacity: u64) -> SimGpu {
         let mut streams = HashMap::new();
         for (handle, nonblocking) in [(LEGACY, false), (PER_THREAD.0 as usize, false)] {
-            streams.insert(
-                handle,
-                StreamState {
-                    nonblocking,
-                    last: None,
-                    destroyed: false,
-                    capture: None,
-                },
-            );
+            streams.insert(handle, StreamState { nonblocking, last: None, destroyed: false, capture: None });
         }
         SimGpu {
             state: Mutex::new(State {
@@ -216,11 +206,8 @@ impl SimGpu {
     /// run before everything issued so far has finished.
     pub fn program_freed(&self, touch: Touch) {
         let mut s = self.state();
-        let outstanding = (0..s.ops.len())
-            .filter(|&i| !s.ops[i].done && s.ops[i].touch.is_some())
-            .collect();
-        s.before_reuse
-            .insert((touch.ptr, touch.generation), outstanding);
+        let outstanding = (0..s.ops.len()).filter(|&i| !s.ops[i].done && s.ops[i].touch.is_some()).collect();
+        s.before_reuse.insert((touch.ptr, touch.generation), outstanding);
     }
 
     /// The program frees a block with `cudaFreeAsync` on `stream`: only the
@@ -229,11 +216,7 @@ impl SimGpu {
         let mut s = self.state();
         let last = s.streams.get(&(stream.0 as usize)).and_then(|st| st.last);
         let before: Vec<OpId> = match last {
-            Some(last) => s
-                .ancestors(last)
-                .into_iter()
-                .filter(|&i| !s.ops[i].done && s.ops[i].touch.is_some())
-                .collect(),
+            Some(last) => s.ancestors(last).into_iter().filter(|&i| !s.ops[i].done && s.ops[i].touch.is_some()).collect(),
             None => Vec::new(),
         };
         s.before_reuse.insert((touch.ptr, touch.generation), before);
@@ -276,10 +259,7 @@ impl SimGpu {
         while s.complete_one() {}
         let stuck: Vec<OpId> = (0..s.ops.len()).filter(|&i| !s.ops[i].done).collect();
         if !stuck.is_empty() {
-            s.violations.misuse.push(format!(
-                "{} op(s) can never run (a wait cycle)",
-                stuck.len()
-            ));
+            s.violations.misuse.push(format!("{} op(s) can never run (a wait cycle)", stuck.len()));
         }
     }
 
@@ -288,8 +268,7 @@ impl SimGpu {
     pub fn reset(&self) {
         self.drain();
         let mut s = self.state();
-        s.streams
-            .retain(|&h, _| h == LEGACY || h == PER_THREAD.0 as usize);
+        s.streams.retain(|&h, _| h == LEGACY || h == PER_THREAD.0 as usize);
         s.events.clear();
         s.pools.clear();
         s.allocated.clear();
@@ -324,11 +303,7 @@ impl SimGpu {
     pub fn work_calls(&self) -> u64 {
         let s = self.state();
         let context_questions = ["current_context", "current_device", "context_id"];
-        s.calls
-            .iter()
-            .filter(|(name, _)| !context_questions.contains(name))
-            .map(|(_, n)| n)
-            .sum()
+        s.calls.iter().filter(|(name, _)| !context_questions.contains(name)).map(|(_, n)| n).sum()
     }
 
     /// Times the shim called the driver function `name`.
@@ -339,10 +314,7 @@ impl SimGpu {
     /// Times the shim made the host wait for the GPU.
     pub fn host_waits(&self) -> u64 {
         let s = self.state();
-        ["wait_for", "synchronize_stream", "synchronize_context"]
-            .iter()
-            .filter_map(|name| s.calls.get(name))
-            .sum()
+        ["wait_for", "synchronize_stream", "synchronize_context"].iter().filter_map(|name| s.calls.get(name)).sum()
     }
 
     /// The most memory the pools have held at once, all together.
@@ -353,9 +325,7 @@ impl SimGpu {
     /// Whether program work issued before the free of `touch` is unfinished.
     pub fn work_before_free_unfinished(&self, touch: Touch) -> bool {
         let s = self.state();
-        s.before_reuse
-            .get(&(touch.ptr, touch.generation))
-            .is_some_and(|ops| ops.iter().any(|&op| !s.ops[op].done))
+        s.before_reuse.get(&(touch.ptr, touch.generation)).is_some_and(|ops| ops.iter().any(|&op| !s.ops[op].done))
     }
 
     fn note(&self, name: &'static str) -> MutexGuard<'_, State> {
@@ -369,15 +339,7 @@ impl State {
     fn new_stream(&mut self, nonblocking: bool) -> usize {
         let handle = self.next_handle;
         self.next_handle += 1;
-        self.streams.insert(
-            handle,
-            StreamState {
-                nonblocking,
-                last: None,
-                destroyed: false,
-                capture: None,
-            },
-        );
+        self.streams.insert(handle, StreamState { nonblocking, last: None, destroyed: false, capture: None });
         handle
     }
 
@@ -390,29 +352,18 @@ impl State {
     }
 
     fn global_capture(&self) -> Option<usize> {
-        self.streams
-            .iter()
-            .find(|(_, st)| st.capture == Some(CaptureMode::Global))
-            .map(|(&h, _)| h)
+        self.streams.iter().find(|(_, st)| st.capture == Some(CaptureMode::Global)).map(|(&h, _)| h)
     }
 
     /// A shim operation on `stream`: legal in every capture mode?
     fn check_capture(&mut self, stream: usize, what: &str) -> CuResult<()> {
-        if self
-            .streams
-            .get(&stream)
-            .is_some_and(|st| st.capture.is_some())
-        {
-            self.violations
-                .capture
-                .push(format!("the shim's {what} joined a capture"));
+        if self.streams.get(&stream).is_some_and(|st| st.capture.is_some()) {
+            self.violations.capture.push(format!("the shim's {what} joined a capture"));
             return Err(CAPTURE_UNSUPPORTED);
         }
         if stream == LEGACY {
             if let Some(capturing) = self.global_capture() {
-                self.violations.capture.push(format!(
-                    "the shim's {what} on the legacy stream invalidated a global capture"
-                ));
+                self.violations.capture.push(format!("the shim's {what} on the legacy stream invalidated a global capture"));
                 if let Some(st) = self.streams.get_mut(&capturing) {
                     st.capture = None;
                 }
@@ -426,24 +377,15 @@ impl State {
     fn issue(&mut self, stream: usize, touch: Option<Touch>, extra: &[OpId]) -> OpId {
         let mut deps: Vec<OpId> = extra.to_vec();
         let Some(st) = self.streams.get(&stream) else {
-            self.violations
-                .misuse
-                .push(format!("work on unknown stream {stream:#x}"));
+            self.violations.misuse.push(format!("work on unknown stream {stream:#x}"));
             return self.push_op(deps, stream, touch);
         };
         if st.destroyed {
-            self.violations
-                .misuse
-                .push(format!("work on destroyed stream {stream:#x}"));
+            self.violations.misuse.push(format!("work on destroyed stream {stream:#x}"));
         }
         deps.extend(st.last);
         if stream == LEGACY {
-            let blocking: Vec<OpId> = self
-                .streams
-                .values()
-                .filter(|s| !s.nonblocking)
-                .filter_map(|s| s.last)
-                .collect();
+            let blocking: Vec<OpId> = self.streams.values().filter(|s| !s.nonblocking).filter_map(|s| s.last).collect();
             deps.extend(blocking);
         } else if !st.nonblocking {
             deps.extend(self.streams[&LEGACY].last);
@@ -454,12 +396,7 @@ impl State {
     }
 
     fn push_op(&mut self, deps: Vec<OpId>, stream: usize, touch: Option<Touch>) -> OpId {
-        self.ops.push(Op {
-            deps,
-            done: false,
-            stream,
-            touch,
-        });
+        self.ops.push(Op { deps, done: false, stream, touch });
         self.ops.len() - 1
     }
 
@@ -482,11 +419,7 @@ impl State {
         if let Some(touch) = self.ops[id].touch {
             if touch.generation > 1 {
                 if let Some(before) = self.before_reuse.get(&(touch.ptr, touch.generation - 1)) {
-                    let unfinished: Vec<OpId> = before
-                        .iter()
-                        .copied()
-                        .filter(|&b| !self.ops[b].done)
-                        .collect();
+                    let unfinished: Vec<OpId> = before.iter().copied().filter(|&b| !self.ops[b].done).collect();
                     if !unfinished.is_empty() {
                         self.violations.early_reuse.push(format!(
                             "work of allocation {} of {:#x} (op {id}, stream {:#x}) ran before op(s) {unfinished:?} \
@@ -525,9 +458,7 @@ impl State {
     fn host_wait(&mut self, target: Option<OpId>, what: &str) -> CuResult<()> {
         let Some(target) = target else { return Ok(()) };
         if !self.run_until(target) {
-            self.violations
-                .misuse
-                .push(format!("{what} can never finish"));
+            self.violations.misuse.push(format!("{what} can never finish"));
             return Err(INVALID_VALUE);
         }
         Ok(())
@@ -567,9 +498,7 @@ impl Gpu for SimGpu {
     fn synchronize_context(&self) -> CuResult<()> {
         let mut s = self.note("synchronize_context");
         if let Some(capturing) = s.global_capture() {
-            s.violations
-                .capture
-                .push("the shim synchronized the device during a global capture".into());
+            s.violations.capture.push("the shim synchronized the device during a global capture".into());
             s.streams.get_mut(&capturing).expect("found").capture = None;
             return Err(CAPTURE_UNSUPPORTED);
         }
@@ -605,10 +534,7 @@ impl Gpu for SimGpu {
         let mut s = self.note("destroy_stream");
         match s.streams.get_mut(&(stream.0 as usize)) {
             Some(st) => st.destroyed = true,
-            None => s
-                .violations
-                .misuse
-                .push("the shim destroyed an unknown stream".into()),
+            None => s.violations.misuse.push("the shim destroyed an unknown stream".into()),
         }
         Ok(())
     }
@@ -624,16 +550,12 @@ impl Gpu for SimGpu {
     fn is_idle(&self, stream: Stream) -> bool {
         let s = self.note("is_idle");
         let key = stream.0 as usize;
-        s.streams
-            .get(&key)
-            .is_some_and(|st| st.capture.is_none() && st.last.is_none_or(|op| s.ops[op].done))
+        s.streams.get(&key).is_some_and(|st| st.capture.is_none() && st.last.is_none_or(|op| s.ops[op].done))
     }
 
     fn is_capturing(&self, stream: Stream) -> bool {
         let s = self.note("is_capturing");
-        s.streams
-            .get(&(stream.0 as usize))
-            .is_some_and(|st| st.capture.is_some())
+        s.streams.get(&(stream.0 as usize)).is_some_and(|st| st.capture.is_some())
     }
 
     fn stream_context(&self, _stream: Stream) -> CuResult<Context> {
@@ -648,10 +570,7 @@ impl Gpu for SimGpu {
         let recorded = s.events.get(&(event.0 as usize)).copied().flatten();
         s.issue(key, None, &recorded.into_iter().collect::<Vec<_>>());
         drop(s);
-        let mut hook = self
-            .after_next_wait
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut hook = self.after_next_wait.lock().unwrap_or_else(|p| p.into_inner());
         if hook.as_ref().is_some_and(|(stream, _)| *stream == waiter) {
             let (_, steps) = hook.take().expect("checked");
             drop(hook);
@@ -671,9 +590,7 @@ impl Gpu for SimGpu {
     fn destroy_event(&self, event: Event) -> CuResult<()> {
         let mut s = self.note("destroy_event");
         if s.events.remove(&(event.0 as usize)).is_none() {
-            s.violations
-                .misuse
-                .push("the shim destroyed an unknown event".into());
+            s.violations.misuse.push("the shim destroyed an unknown event".into());
         }
         Ok(())
     }
@@ -681,11 +598,7 @@ impl Gpu for SimGpu {
     fn record(&self, event: Event, stream: Stream) -> CuResult<()> {
         let key = stream.0 as usize;
         if key == LEGACY {
-            let steps = self
-                .before_next_legacy_record
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            let steps = self.before_next_legacy_record.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(steps) = steps {
                 steps();
             }
@@ -698,10 +611,7 @@ impl Gpu for SimGpu {
         let id = s.issue(key, None, &[]);
         match s.events.get_mut(&(event.0 as usize)) {
             Some(latest) => *latest = Some(id),
-            None => s
-                .violations
-                .misuse
-                .push("the shim recorded an unknown event".into()),
+            None => s.violations.misuse.push("the shim recorded an unknown event".into()),
         }
         Ok(())
     }
@@ -730,14 +640,7 @@ impl Gpu for SimGpu {
         let mut s = self.note("create_pool");
         let handle = s.next_handle;
         s.next_handle += 1;
-        s.pools.insert(
-            handle,
-            PoolState {
-                follow_event_deps: true,
-                opportunistic: true,
-                ..PoolState::default()
-            },
-        );
+        s.pools.insert(handle, PoolState { follow_event_deps: true, opportunistic: true, ..PoolState::default() });
         Ok(Pool(handle as *mut c_void))
     }
 
@@ -764,18 +667,10 @@ impl Gpu for SimGpu {
         Ok(())
     }
 
-    fn set_reuse_policies(
-        &self,
-        pool: Pool,
-        follow: bool,
-        opportunistic: bool,
-        internal: bool,
-    ) -> CuResult<()> {
+    fn set_reuse_policies(&self, pool: Pool, follow: bool, opportunistic: bool, internal: bool) -> CuResult<()> {
         let mut s = self.note("set_reuse_policies");
         if internal {
-            s.violations
-                .misuse
-                .push("internal dependencies are not modelled".into());
+            s.violations.misuse.push("internal dependencies are not modelled".into());
         }
         if let Some(p) = s.pools.get_mut(&(pool.0 as usize)) {
             p.follow_event_deps = follow;
@@ -822,16 +717,9 @@ impl Gpu for SimGpu {
         let key = stream.0 as usize;
         s.check_capture(key, "pool allocation")?;
         let pool_key = pool.0 as usize;
-        let Some(p) = s.pools.get(&pool_key) else {
-            return Err(INVALID_VALUE);
-        };
+        let Some(p) = s.pools.get(&pool_key) else { return Err(INVALID_VALUE) };
         let (follow, opportunistic) = (p.follow_event_deps, p.opportunistic);
-        let waits_for = s
-            .streams
-            .get(&key)
-            .and_then(|st| st.last)
-            .map(|last| s.ancestors(last))
-            .unwrap_or_default();
+        let waits_for = s.streams.get(&key).and_then(|st| st.last).map(|last| s.ancestors(last)).unwrap_or_default();
         let p = &s.pools[&pool_key];
         let reusable = p.freed.iter().position(|b| {
             b.size == size
@@ -840,14 +728,7 @@ impl Gpu for SimGpu {
                     || (follow && waits_for.contains(&b.free_op)))
         });
         let ptr = match reusable {
-            Some(index) => {
-                s.pools
-                    .get_mut(&pool_key)
-                    .expect("found")
-                    .freed
-                    .swap_remove(index)
-                    .ptr
-            }
+            Some(index) => s.pools.get_mut(&pool_key).expect("found").freed.swap_remove(index).ptr,
             None => {
                 let reserved: u64 = s.pools.values().map(|p| p.reserved).sum();
                 if reserved + size > s.capacity {
@@ -862,9 +743,7 @@ impl Gpu for SimGpu {
             }
         };
         if s.allocated.insert(ptr, (pool_key, size)).is_some() {
-            s.violations
-                .misuse
-                .push(format!("the pool handed out the live block {ptr:#x} twice"));
+            s.violations.misuse.push(format!("the pool handed out the live block {ptr:#x} twice"));
         }
         s.issue(key, None, &[]);
         let p = s.pools.get_mut(&pool_key).expect("found");
@@ -878,20 +757,13 @@ impl Gpu for SimGpu {
         let key = stream.0 as usize;
         s.check_capture(key, "pool free")?;
         let Some((pool_key, size)) = s.allocated.remove(&ptr) else {
-            s.violations
-                .misuse
-                .push(format!("free of {ptr:#x}, not a live pool block"));
+            s.violations.misuse.push(format!("free of {ptr:#x}, not a live pool block"));
             return Err(INVALID_VALUE);
         };
         let free_op = s.issue(key, None, &[]);
         if let Some(p) = s.pools.get_mut(&pool_key) {
             p.used -= size;
-            p.freed.push(FreedBlock {
-                ptr,
-                size,
-                free_op,
-                stream: key,
-            });
+            p.freed.push(FreedBlock { ptr, size, free_op, stream: key });
         }
         Ok(())
     }

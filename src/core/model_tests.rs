@@ -20,8 +20,8 @@ use proptest::strategy::ValueTree;
 use super::allocator::free::Freed;
 use super::allocator::state::Allocator;
 use super::config::Config;
-use super::model::{CaptureMode, SimGpu, Touch, PER_THREAD};
 use super::ptrmap::{Memory, MemoryKind};
+use super::model::{CaptureMode, SimGpu, Touch, PER_THREAD};
 use super::streams::NullStream;
 use crate::cuda::gpu::{Gpu, Pool, Stream};
 
@@ -108,11 +108,7 @@ impl Shim for Allocator {
     fn pending_bound(&self, in_use: u64) -> u64 {
         let limit = self.config.pending_free_limit.resolve(CAPACITY);
         // Small blocks in the cache have a budget of their own, as large again.
-        let small_budget = if self.config.small_blocks > 0 {
-            limit
-        } else {
-            0
-        };
+        let small_budget = if self.config.small_blocks > 0 { limit } else { 0 };
         limit.max(in_use) + small_budget
     }
 }
@@ -240,19 +236,11 @@ impl<'a, S: Shim> Program<'a, S> {
                         (self.next_real_address, false)
                     }
                 };
-                let touch = Touch {
-                    ptr,
-                    generation: self.gpu.next_generation(ptr),
-                };
-                self.blocks.push(LiveBlock {
-                    touch,
-                    size,
-                    pooled,
-                    used_on: HashSet::new(),
-                });
+                let touch = Touch { ptr, generation: self.gpu.next_generation(ptr) };
+                self.blocks.push(LiveBlock { touch, size, pooled, used_on: HashSet::new() });
                 if pooled {
                     self.freed.remove(&ptr); // handed out again, so no longer pending
-                                             // The pool grows (a new address) only while pending frees are within the bound.
+                    // The pool grows (a new address) only while pending frees are within the bound.
                     if touch.generation == 1 {
                         self.check_pending_bound()?;
                     }
@@ -273,8 +261,7 @@ impl<'a, S: Shim> Program<'a, S> {
                 }
                 let index = usize::from(block) % self.blocks.len();
                 self.blocks[index].used_on.insert(stream.0 as usize);
-                self.shim
-                    .launch(self.gpu, stream, Some(self.blocks[index].touch));
+                self.shim.launch(self.gpu, stream, Some(self.blocks[index].touch));
             }
             Action::Free { block } => {
                 if self.blocks.is_empty() {
@@ -291,8 +278,7 @@ impl<'a, S: Shim> Program<'a, S> {
                 }
                 let block = self.blocks.swap_remove(index);
                 self.gpu.program_freed(block.touch);
-                self.freed
-                    .insert(block.touch.ptr, (block.size, block.touch.generation));
+                self.freed.insert(block.touch.ptr, (block.size, block.touch.generation));
                 self.shim.free(self.gpu, block.touch.ptr);
             }
             Action::FreeAsync => {
@@ -351,11 +337,7 @@ impl<'a, S: Shim> Program<'a, S> {
                 if stream == Stream::LEGACY {
                     return Ok(());
                 }
-                let mode = [
-                    CaptureMode::Global,
-                    CaptureMode::ThreadLocal,
-                    CaptureMode::Relaxed,
-                ][usize::from(mode)];
+                let mode = [CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed][usize::from(mode)];
                 if self.shim.begin_capture(self.gpu, stream, mode) {
                     self.capture = Some((stream, mode));
                 }
@@ -386,25 +368,14 @@ impl<'a, S: Shim> Program<'a, S> {
         let pending: u64 = self
             .freed
             .iter()
-            .filter(|&(&ptr, &(_, generation))| {
-                gpu.work_before_free_unfinished(Touch { ptr, generation })
-            })
+            .filter(|&(&ptr, &(_, generation))| gpu.work_before_free_unfinished(Touch { ptr, generation }))
             .map(|(_, &(size, _))| size)
             .sum();
         // What the program held when it asked (the new block is the last).
-        let in_use: u64 = self
-            .blocks
-            .iter()
-            .rev()
-            .skip(1)
-            .filter(|b| b.pooled)
-            .map(|b| b.size)
-            .sum();
+        let in_use: u64 = self.blocks.iter().rev().skip(1).filter(|b| b.pooled).map(|b| b.size).sum();
         let bound = self.shim.pending_bound(in_use);
         if pending > bound {
-            return Err(format!(
-                "{pending} bytes of frees pending after an allocation, over the bound of {bound}"
-            ));
+            return Err(format!("{pending} bytes of frees pending after an allocation, over the bound of {bound}"));
         }
         Ok(())
     }
@@ -435,9 +406,7 @@ fn violations_of(shim: &impl Shim, actions: &[Action], seed: u64) -> Vec<String>
 }
 
 fn allocator(settings: &[(&str, &str)]) -> Allocator {
-    let vars = settings
-        .iter()
-        .map(|(name, value)| (name.into(), value.into()));
+    let vars = settings.iter().map(|(name, value)| (name.into(), value.into()));
     Allocator::new(Config::from_environment(vars).expect("valid settings"))
 }
 
@@ -504,22 +473,14 @@ fn a_shim_that_frees_on_the_legacy_stream_alone_is_caught() {
     let mut caught = 0;
     let runs = 200;
     for _ in 0..runs {
-        let (actions, seed) = program()
-            .new_tree(&mut runner)
-            .expect("a program")
-            .current();
-        let naive = NaiveShim {
-            pool: std::sync::OnceLock::new(),
-        };
+        let (actions, seed) = program().new_tree(&mut runner).expect("a program").current();
+        let naive = NaiveShim { pool: std::sync::OnceLock::new() };
         if !violations_of(&naive, &actions, seed).is_empty() {
             caught += 1;
         }
     }
     eprintln!("the checks caught the naive shim in {caught} of {runs} random programs");
-    assert!(
-        caught > runs / 10,
-        "the checks caught the naive shim in only {caught} of {runs} programs"
-    );
+    assert!(caught > runs / 10, "the checks caught the naive shim in only {caught} of {runs} programs");
 }
 
 /// A fixed program that needs no luck: a kernel on a non-blocking stream
@@ -529,32 +490,17 @@ fn the_naive_shim_fails_the_basic_race_and_ours_passes() {
     let actions = [
         Action::CreateStream { nonblocking: true },
         Action::Alloc { mib: 1 },
-        Action::Launch {
-            block: 0,
-            stream: 2,
-        },
+        Action::Launch { block: 0, stream: 2 },
         Action::Free { block: 0 },
         Action::Alloc { mib: 1 },
-        Action::Launch {
-            block: 0,
-            stream: 0,
-        },
+        Action::Launch { block: 0, stream: 0 },
     ];
     // The race shows when the GPU runs the new owner's kernel first: some orders do.
     let caught = (0..32).filter(|&seed| {
-        let naive = violations_of(
-            &NaiveShim {
-                pool: std::sync::OnceLock::new(),
-            },
-            &actions,
-            seed,
-        );
+        let naive = violations_of(&NaiveShim { pool: std::sync::OnceLock::new() }, &actions, seed);
         naive.iter().any(|v| v.contains("ran before"))
     });
-    assert!(
-        caught.count() > 0,
-        "no order of the GPU showed the naive shim's race"
-    );
+    assert!(caught.count() > 0, "no order of the GPU showed the naive shim's race");
     for seed in 0..32 {
         for settings in [&[][..], &[("SOMA_FREE_ORDER", "barrier")][..]] {
             let ours = violations_of(&allocator(settings), &actions, seed);
@@ -607,10 +553,7 @@ fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
                             continue; // the real allocator served it: nothing to check
                         };
                         pooled += 1;
-                        let touch = Touch {
-                            ptr,
-                            generation: gpu.next_generation(ptr),
-                        };
+                        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
                         let stream = if i % 3 == 0 { Stream::LEGACY } else { own };
                         shim.launch(gpu, stream, Some(touch));
                         gpu.program_freed(touch);
@@ -620,23 +563,15 @@ fn threads_freeing_at_once_lose_nothing_and_reuse_nothing_early() {
                 })
             })
             .collect();
-        let pooled: u64 = threads
-            .into_iter()
-            .map(|t| t.join().expect("a program thread"))
-            .sum();
+        let pooled: u64 = threads.into_iter().map(|t| t.join().expect("a program thread")).sum();
         shim.reclaimer.stop();
         stop.store(true, Ordering::Relaxed);
         background.join().expect("the GPU thread");
         gpu.drain();
-        assert!(
-            pooled > 8 * 150 / 2,
-            "{settings:?}: the pool served only {pooled} of 1200 allocations"
-        );
+        assert!(pooled > 8 * 150 / 2, "{settings:?}: the pool served only {pooled} of 1200 allocations");
         let kept = shim.stats.device(0).total(|t| &t.legacy_cached_frees);
         match settings {
-            [("SOMA_LEGACY_CACHE", "on")] => {
-                assert!(kept > 0, "only blocking streams: no free was kept")
-            }
+            [("SOMA_LEGACY_CACHE", "on")] => assert!(kept > 0, "only blocking streams: no free was kept"),
             [("SOMA_LEGACY_CACHE", "off")] => assert_eq!(kept, 0, "{kept} frees kept"),
             _ => {} // auto: whether threads on two cores take turns is up to the scheduler
         }
@@ -657,10 +592,7 @@ fn a_stream_made_after_a_barrier_waits_for_the_work_before_its_frees() {
         let first = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, first);
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        let old = Touch {
-            ptr,
-            generation: gpu.next_generation(ptr),
-        };
+        let old = Touch { ptr, generation: gpu.next_generation(ptr) };
         shim.launch(&gpu, first, Some(old)); // runs only when the GPU is drained
         gpu.program_freed(old);
         Shim::free(&shim, &gpu, ptr);
@@ -671,24 +603,10 @@ fn a_stream_made_after_a_barrier_waits_for_the_work_before_its_frees() {
         let late = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, late);
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        assert_eq!(
-            again, ptr,
-            "seed {seed}: the barrier's block comes back from the cache"
-        );
-        shim.launch(
-            &gpu,
-            late,
-            Some(Touch {
-                ptr,
-                generation: gpu.next_generation(ptr),
-            }),
-        );
+        assert_eq!(again, ptr, "seed {seed}: the barrier's block comes back from the cache");
+        shim.launch(&gpu, late, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
         gpu.drain();
-        assert!(
-            gpu.violations().is_empty(),
-            "seed {seed}: {:?}",
-            gpu.violations()
-        );
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
         for p in [other, again] {
             Shim::free(&shim, &gpu, p);
         }
@@ -706,19 +624,9 @@ fn program_frees_late(shim: &Allocator, gpu: &SimGpu, ptr: u64, stream: Stream) 
 
 /// The owner's work with `ptr` on `stream`, behind eight other ops.
 fn program_works_late(shim: &Allocator, gpu: &SimGpu, ptr: u64, stream: Stream) -> Touch {
-    let work = Touch {
-        ptr,
-        generation: gpu.next_generation(ptr),
-    };
+    let work = Touch { ptr, generation: gpu.next_generation(ptr) };
     for _ in 0..8 {
-        shim.launch(
-            gpu,
-            stream,
-            Some(Touch {
-                ptr: 0xdead,
-                generation: 1,
-            }),
-        );
+        shim.launch(gpu, stream, Some(Touch { ptr: 0xdead, generation: 1 }));
     }
     shim.launch(gpu, stream, Some(work));
     work
@@ -727,14 +635,7 @@ fn program_works_late(shim: &Allocator, gpu: &SimGpu, ptr: u64, stream: Stream) 
 /// `ptr`, handed out again, used on `stream`: whether the GPU, run to the
 /// end, ran that before the old owner's work.
 fn reused_early(shim: &impl Shim, gpu: &SimGpu, ptr: u64, stream: Stream) -> bool {
-    shim.launch(
-        gpu,
-        stream,
-        Some(Touch {
-            ptr,
-            generation: gpu.next_generation(ptr),
-        }),
-    );
+    shim.launch(gpu, stream, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
     gpu.drain();
     !gpu.violations().early_reuse.is_empty()
 }
@@ -743,19 +644,12 @@ fn reused_early(shim: &impl Shim, gpu: &SimGpu, ptr: u64, stream: Stream) -> boo
 /// its stack: its per-thread-shard tables live on the heap.
 #[test]
 fn the_allocator_is_built_on_a_small_stack() {
-    assert!(
-        std::mem::size_of::<Allocator>() < 32 << 10,
-        "{} bytes",
-        std::mem::size_of::<Allocator>()
-    );
+    assert!(std::mem::size_of::<Allocator>() < 32 << 10, "{} bytes", std::mem::size_of::<Allocator>());
     let built = std::thread::Builder::new()
         .stack_size(128 << 10)
         .spawn(|| {
             let cell = std::sync::OnceLock::new();
-            cell.get_or_init(|| allocator(&[]))
-                .stats
-                .device(0)
-                .total(|t| &t.pool_allocs)
+            cell.get_or_init(|| allocator(&[])).stats.device(0).total(|t| &t.pool_allocs)
         })
         .expect("a thread")
         .join();
@@ -784,11 +678,7 @@ fn a_program_free_joined_into_the_legacy_stream_is_not_reused_there_early() {
         gpu.record(joined, x).expect("recorded");
         gpu.wait_event(Stream::LEGACY, joined).expect("waited");
         let again = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
-        assert!(
-            again != p || !reused_early(&shim, &gpu, p, y),
-            "seed {seed}: {:?}",
-            gpu.violations()
-        );
+        assert!(again != p || !reused_early(&shim, &gpu, p, y), "seed {seed}: {:?}", gpu.violations());
     }
 }
 
@@ -812,14 +702,7 @@ fn a_program_free_during_a_barrier_is_ordered() {
         let p = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
         let q = Shim::malloc(shim, gpu, MIB).expect("pooled");
         if busy {
-            shim.launch(
-                gpu,
-                x,
-                Some(Touch {
-                    ptr: 0xdead,
-                    generation: 1,
-                }),
-            );
+            shim.launch(gpu, x, Some(Touch { ptr: 0xdead, generation: 1 }));
         }
         Shim::free(shim, gpu, q);
         let landed = std::sync::Arc::new(AtomicBool::new(false));
@@ -838,11 +721,7 @@ fn a_program_free_during_a_barrier_is_ordered() {
             "seed {seed}, busy {busy}, track {track}: the free did not land mid-barrier"
         );
         let again = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
-        assert!(
-            again != p || !reused_early(shim, gpu, p, y),
-            "seed {seed}: {:?}",
-            gpu.violations()
-        );
+        assert!(again != p || !reused_early(shim, gpu, p, y), "seed {seed}: {:?}", gpu.violations());
     }
 }
 
@@ -862,36 +741,15 @@ fn a_barrier_over_idle_streams_is_one_record_on_the_legacy_stream() {
             Shim::stream_created(&shim, &gpu, stream);
         }
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        shim.launch(
-            &gpu,
-            Stream::LEGACY,
-            Some(Touch {
-                ptr,
-                generation: gpu.next_generation(ptr),
-            }),
-        );
+        shim.launch(&gpu, Stream::LEGACY, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
         if busy {
-            shim.launch(
-                &gpu,
-                streams[0],
-                Some(Touch {
-                    ptr: 0xdead,
-                    generation: 1,
-                }),
-            );
+            shim.launch(&gpu, streams[0], Some(Touch { ptr: 0xdead, generation: 1 }));
         }
         Shim::free(&shim, &gpu, ptr);
-        let before = (
-            gpu.calls("record"),
-            gpu.calls("wait_event"),
-            gpu.calls("is_idle"),
-        );
+        let before = (gpu.calls("record"), gpu.calls("wait_event"), gpu.calls("is_idle"));
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled"); // orders the free behind a barrier
-        let made = (
-            gpu.calls("record") - before.0,
-            gpu.calls("wait_event") - before.1,
-            gpu.calls("is_idle") - before.2,
-        );
+        let made =
+            (gpu.calls("record") - before.0, gpu.calls("wait_event") - before.1, gpu.calls("is_idle") - before.2);
         // The legacy and the busy stream's records, done; the join stream's
         // waits, the streams' (untracked), the legacy stream's.
         let expected = match (busy, track) {
@@ -900,23 +758,12 @@ fn a_barrier_over_idle_streams_is_one_record_on_the_legacy_stream() {
             (false, _) => (1, 0, 0),
             (true, _) => (3, 2 + 1, 1),
         };
-        assert_eq!(
-            made, expected,
-            "busy {busy}, track {track}: (records, waits, streams asked) of one barrier"
-        );
+        assert_eq!(made, expected, "busy {busy}, track {track}: (records, waits, streams asked) of one barrier");
         assert_eq!(again, ptr, "busy {busy}, track {track}: reused at once");
         let waits = gpu.calls("wait_event");
-        assert!(
-            !reused_early(&shim, &gpu, ptr, streams[1]),
-            "busy {busy}, track {track}: {:?}",
-            gpu.violations()
-        );
+        assert!(!reused_early(&shim, &gpu, ptr, streams[1]), "busy {busy}, track {track}: {:?}", gpu.violations());
         let owed = if track == "1" { 1 } else { 0 };
-        assert_eq!(
-            gpu.calls("wait_event") - waits,
-            owed,
-            "track {track}: the stream's wait at its next work"
-        );
+        assert_eq!(gpu.calls("wait_event") - waits, owed, "track {track}: the stream's wait at its next work");
     }
 }
 
@@ -929,13 +776,9 @@ fn a_barrier_over_idle_streams_is_one_record_on_the_legacy_stream() {
 fn a_program_free_before_barrier_order_moves_to_the_legacy_stream_is_ordered() {
     for seed in 0..16 {
         let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(seed, CAPACITY)));
-        let shim: &'static Allocator =
-            Box::leak(Box::new(allocator(&[("SOMA_FREE_ORDER", "barrier")])));
+        let shim: &'static Allocator = Box::leak(Box::new(allocator(&[("SOMA_FREE_ORDER", "barrier")])));
         // The shim's thread runs but does not reach its next step: no allocation reclaims.
-        let (started, step) = (
-            std::sync::Arc::new(std::sync::Barrier::new(2)),
-            std::sync::Arc::new(AtomicBool::new(false)),
-        );
+        let (started, step) = (std::sync::Arc::new(std::sync::Barrier::new(2)), std::sync::Arc::new(AtomicBool::new(false)));
         let (s, st) = (started.clone(), step.clone());
         assert!(shim.reclaimer.start(move || {
             if !st.swap(true, Ordering::SeqCst) {
@@ -952,11 +795,7 @@ fn a_program_free_before_barrier_order_moves_to_the_legacy_stream_is_ordered() {
         let q = Shim::malloc(shim, gpu, MIB).expect("pooled");
         Shim::free(shim, gpu, q); // barrier order: allocations move to the legacy stream
         let again = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
-        assert!(
-            again != p || !reused_early(shim, gpu, p, y),
-            "seed {seed}: {:?}",
-            gpu.violations()
-        );
+        assert!(again != p || !reused_early(shim, gpu, p, y), "seed {seed}: {:?}", gpu.violations());
     }
 }
 
@@ -975,14 +814,7 @@ fn frees_cost_no_driver_call_and_passed_blocks_come_back_without_one() {
             Shim::stream_created(&shim, &gpu, stream);
         }
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        shim.launch(
-            &gpu,
-            Stream::LEGACY,
-            Some(Touch {
-                ptr,
-                generation: gpu.next_generation(ptr),
-            }),
-        );
+        shim.launch(&gpu, Stream::LEGACY, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
         let before = gpu.work_calls();
         Shim::free(&shim, &gpu, ptr);
         calls_per_free.push(gpu.work_calls() - before);
@@ -992,20 +824,10 @@ fn frees_cost_no_driver_call_and_passed_blocks_come_back_without_one() {
         let other = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
         gpu.drain();
         let other2 = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
-        let before = (
-            gpu.work_calls(),
-            shim.stats.device(0).total(|t| &t.cache_hits),
-        );
+        let before = (gpu.work_calls(), shim.stats.device(0).total(|t| &t.cache_hits));
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        assert_eq!(
-            again, ptr,
-            "{streams} streams: the passed block of that size is reused"
-        );
-        assert_eq!(
-            gpu.work_calls(),
-            before.0,
-            "{streams} streams: a passed block came back with a driver call"
-        );
+        assert_eq!(again, ptr, "{streams} streams: the passed block of that size is reused");
+        assert_eq!(gpu.work_calls(), before.0, "{streams} streams: a passed block came back with a driver call");
         assert_eq!(shim.stats.device(0).total(|t| &t.cache_hits), before.1 + 1);
         for p in [other, other2, again] {
             Shim::free(&shim, &gpu, p);
@@ -1013,11 +835,7 @@ fn frees_cost_no_driver_call_and_passed_blocks_come_back_without_one() {
         gpu.drain();
         assert!(gpu.violations().is_empty(), "{:?}", gpu.violations());
     }
-    assert_eq!(
-        calls_per_free,
-        [0, 0, 0],
-        "driver calls in a free with 1, 8 and 256 streams"
-    );
+    assert_eq!(calls_per_free, [0, 0, 0], "driver calls in a free with 1, 8 and 256 streams");
 }
 
 /// Blocks of at most `SOMA_SMALL_BLOCKS` bytes come from a pool of their
@@ -1028,31 +846,15 @@ fn frees_cost_no_driver_call_and_passed_blocks_come_back_without_one() {
 fn small_blocks_have_a_pool_and_a_cache_budget_of_their_own() {
     for small_blocks in ["1MiB", "0"] {
         let gpu = SimGpu::new(7, CAPACITY);
-        let shim = allocator(&[
-            ("SOMA_SMALL_BLOCKS", small_blocks),
-            ("SOMA_PENDING_FREE_LIMIT", "2MiB"),
-        ]);
+        let shim = allocator(&[("SOMA_SMALL_BLOCKS", small_blocks), ("SOMA_PENDING_FREE_LIMIT", "2MiB")]);
         let stream = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, stream);
-        let small: Vec<u64> = (0..2)
-            .map(|_| Shim::malloc(&shim, &gpu, MIB).expect("pooled"))
-            .collect();
+        let small: Vec<u64> = (0..2).map(|_| Shim::malloc(&shim, &gpu, MIB).expect("pooled")).collect();
         let large = Shim::malloc(&shim, &gpu, 4 * MIB).expect("pooled");
         let own_pool = small_blocks != "0";
-        assert_eq!(
-            gpu.pool_of(small[0]) != gpu.pool_of(large),
-            own_pool,
-            "{small_blocks}: pools"
-        );
+        assert_eq!(gpu.pool_of(small[0]) != gpu.pool_of(large), own_pool, "{small_blocks}: pools");
         for &ptr in small.iter().chain([&large]) {
-            shim.launch(
-                &gpu,
-                stream,
-                Some(Touch {
-                    ptr,
-                    generation: gpu.next_generation(ptr),
-                }),
-            );
+            shim.launch(&gpu, stream, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
             Shim::free(&shim, &gpu, ptr);
         }
         gpu.drain();
@@ -1060,32 +862,16 @@ fn small_blocks_have_a_pool_and_a_cache_budget_of_their_own() {
         let other = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
         gpu.drain();
         let other2 = Shim::malloc(&shim, &gpu, 5 * MIB).expect("pooled");
-        let before = (
-            gpu.work_calls(),
-            shim.stats.device(0).total(|t| &t.cache_hits),
-        );
-        let again: Vec<u64> = (0..2)
-            .map(|_| Shim::malloc(&shim, &gpu, MIB).expect("pooled"))
-            .collect();
+        let before = (gpu.work_calls(), shim.stats.device(0).total(|t| &t.cache_hits));
+        let again: Vec<u64> = (0..2).map(|_| Shim::malloc(&shim, &gpu, MIB).expect("pooled")).collect();
         let from_cache = shim.stats.device(0).total(|t| &t.cache_hits) - before.1;
         if own_pool {
-            assert_eq!(
-                (from_cache, gpu.work_calls()),
-                (2, before.0),
-                "small blocks: both from the cache, no driver call"
-            );
+            assert_eq!((from_cache, gpu.work_calls()), (2, before.0), "small blocks: both from the cache, no driver call");
         } else {
-            assert_eq!(
-                from_cache, 0,
-                "one budget: the oldest, the small blocks, went back to the pool first"
-            );
+            assert_eq!(from_cache, 0, "one budget: the oldest, the small blocks, went back to the pool first");
         }
         for ptr in again.into_iter().chain([other, other2]) {
-            assert!(
-                !reused_early(&shim, &gpu, ptr, stream),
-                "{small_blocks}: {:?}",
-                gpu.violations()
-            );
+            assert!(!reused_early(&shim, &gpu, ptr, stream), "{small_blocks}: {:?}", gpu.violations());
             Shim::free(&shim, &gpu, ptr);
         }
     }
@@ -1104,83 +890,37 @@ fn past_the_pending_limit_device_frees_are_reused_at_once_and_host_frees_waited_
         let stream = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, stream);
         for i in 0..20 {
-            let ptr = shim
-                .alloc(&gpu, gpu.context(), MIB, 0, memory)
-                .expect("pooled");
-            let touch = Touch {
-                ptr,
-                generation: gpu.next_generation(ptr),
-            };
+            let ptr = shim.alloc(&gpu, gpu.context(), MIB, 0, memory).expect("pooled");
+            let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
             shim.launch(&gpu, stream, Some(touch)); // never run until a wait forces it
             gpu.program_freed(touch);
-            let kind = if memory.is_host() {
-                MemoryKind::Host
-            } else {
-                MemoryKind::Device
-            };
+            let kind = if memory.is_host() { MemoryKind::Host } else { MemoryKind::Device };
             assert!(matches!(shim.free(&gpu, ptr, kind), Freed::Issued { .. }));
-            let waits = shim
-                .stats
-                .counters(0, memory.is_host())
-                .pending_waits
-                .load(Ordering::Relaxed);
+            let waits = shim.stats.counters(0, memory.is_host()).pending_waits.load(Ordering::Relaxed);
             if memory.is_host() && i <= 4 {
-                assert_eq!(
-                    waits, 0,
-                    "a wait for pinned frees with {i} MiB freed, limit 4 MiB"
-                );
+                assert_eq!(waits, 0, "a wait for pinned frees with {i} MiB freed, limit 4 MiB");
             }
             if !memory.is_host() {
                 // (An allocation of pinned memory waits for its pool stream, by design.)
-                assert_eq!(
-                    gpu.host_waits(),
-                    0,
-                    "a host wait with {i} MiB freed, limit 4 MiB"
-                );
+                assert_eq!(gpu.host_waits(), 0, "a host wait with {i} MiB freed, limit 4 MiB");
             }
         }
         let counters = shim.stats.counters(0, memory.is_host());
-        let (waits, barriers) = (
-            counters.pending_waits.load(Ordering::Relaxed),
-            counters.limit_barriers.load(Ordering::Relaxed),
-        );
+        let (waits, barriers) = (counters.pending_waits.load(Ordering::Relaxed), counters.limit_barriers.load(Ordering::Relaxed));
         if memory.is_host() {
             // A wait covers every free joined with the one over the limit.
-            assert!(
-                (1..=4).contains(&waits),
-                "{waits} waits for 20 frees of 1 MiB over a 4 MiB limit"
-            );
-            assert_eq!(
-                barriers, 0,
-                "host memory is never reused in a stream's order"
-            );
+            assert!((1..=4).contains(&waits), "{waits} waits for 20 frees of 1 MiB over a 4 MiB limit");
+            assert_eq!(barriers, 0, "host memory is never reused in a stream's order");
         } else {
             assert_eq!(waits, 0);
-            assert!(
-                barriers >= 10,
-                "{barriers} batches behind barriers for 15 frees past the limit"
-            );
-            assert_eq!(
-                counters.batch_streams_high.load(Ordering::Relaxed),
-                1,
-                "each batch waited for the one non-blocking stream"
-            );
-            assert!(
-                counters.batch_nanos.load(Ordering::Relaxed) > 0,
-                "the batches' host time is counted"
-            );
+            assert!(barriers >= 10, "{barriers} batches behind barriers for 15 frees past the limit");
+            assert_eq!(counters.batch_streams_high.load(Ordering::Relaxed), 1, "each batch waited for the one non-blocking stream");
+            assert!(counters.batch_nanos.load(Ordering::Relaxed) > 0, "the batches' host time is counted");
             let held = gpu.reserved_high();
-            assert!(
-                held <= 6 * MIB,
-                "the pool held {held} bytes: the limit, the block over it and the live one at most"
-            );
+            assert!(held <= 6 * MIB, "the pool held {held} bytes: the limit, the block over it and the live one at most");
         }
         gpu.drain();
-        assert!(
-            gpu.violations().is_empty(),
-            "{memory:?}: {:?}",
-            gpu.violations()
-        );
+        assert!(gpu.violations().is_empty(), "{memory:?}: {:?}", gpu.violations());
     }
 }
 
@@ -1196,47 +936,21 @@ fn a_block_kept_in_the_legacy_streams_order_comes_back_without_a_driver_call_and
         let shim = allocator(&[("SOMA_LEGACY_CACHE", "on")]);
         let (first, second) = (gpu.program_stream(false), gpu.program_stream(false));
         let ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        let touch = Touch {
-            ptr,
-            generation: gpu.next_generation(ptr),
-        };
+        let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
         shim.launch(&gpu, first, Some(touch));
         gpu.program_freed(touch);
         let before = gpu.work_calls();
         Shim::free(&shim, &gpu, ptr);
-        assert_eq!(
-            gpu.work_calls() - before,
-            1,
-            "seed {seed}: a kept free is one mark on the legacy stream"
-        );
+        assert_eq!(gpu.work_calls() - before, 1, "seed {seed}: a kept free is one mark on the legacy stream");
         let before = gpu.work_calls();
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        assert_eq!(
-            (again, gpu.work_calls()),
-            (ptr, before),
-            "seed {seed}: the kept block, with no driver call"
-        );
-        shim.launch(
-            &gpu,
-            second,
-            Some(Touch {
-                ptr,
-                generation: gpu.next_generation(ptr),
-            }),
-        );
+        assert_eq!((again, gpu.work_calls()), (ptr, before), "seed {seed}: the kept block, with no driver call");
+        shim.launch(&gpu, second, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
         gpu.drain();
-        assert!(
-            gpu.violations().is_empty(),
-            "seed {seed}: {:?}",
-            gpu.violations()
-        );
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
         let device = shim.stats.device(0);
         assert_eq!(device.total(|t| &t.legacy_cached_frees), 1);
-        assert_eq!(
-            device.peak_held.load(Ordering::Relaxed),
-            MIB,
-            "the kept block counts as freed, not yet reused"
-        );
+        assert_eq!(device.peak_held.load(Ordering::Relaxed), MIB, "the kept block counts as freed, not yet reused");
     }
 }
 
@@ -1258,10 +972,7 @@ fn a_block_used_on_the_legacy_stream_alone_is_kept_without_a_mark() {
         let mut calls = Vec::new();
         // Each owner works on its stream, then frees; the next takes the block.
         for stream in [Stream::LEGACY, blocking, PER_THREAD, Stream::LEGACY] {
-            let touch = Touch {
-                ptr,
-                generation: gpu.next_generation(ptr),
-            };
+            let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
             shim.launch(&gpu, stream, Some(touch));
             gpu.program_freed(touch);
             let before = gpu.work_calls();
@@ -1269,35 +980,13 @@ fn a_block_used_on_the_legacy_stream_alone_is_kept_without_a_mark() {
             calls.push(gpu.work_calls() - before);
             ptr = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         }
-        shim.launch(
-            &gpu,
-            blocking,
-            Some(Touch {
-                ptr,
-                generation: gpu.next_generation(ptr),
-            }),
-        );
+        shim.launch(&gpu, blocking, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
         gpu.drain();
-        assert!(
-            gpu.violations().is_empty(),
-            "seed {seed}, {cache}: {:?}",
-            gpu.violations()
-        );
+        assert!(gpu.violations().is_empty(), "seed {seed}, {cache}: {:?}", gpu.violations());
         let device = shim.stats.device(0);
-        let kept = (
-            device.total(|t| &t.legacy_cached_frees),
-            device.total(|t| &t.legacy_marked_frees),
-        );
-        let expected = if cache == "on" {
-            (vec![0, 1, 1, 0], (4, 2))
-        } else {
-            (vec![0, 1, 1, 0], (2, 0))
-        };
-        assert_eq!(
-            (calls, kept),
-            expected,
-            "seed {seed}, {cache}: driver calls of each free; frees kept, and marked"
-        );
+        let kept = (device.total(|t| &t.legacy_cached_frees), device.total(|t| &t.legacy_marked_frees));
+        let expected = if cache == "on" { (vec![0, 1, 1, 0], (4, 2)) } else { (vec![0, 1, 1, 0], (2, 0)) };
+        assert_eq!((calls, kept), expected, "seed {seed}, {cache}: driver calls of each free; frees kept, and marked");
     }
 }
 
@@ -1313,45 +1002,20 @@ fn a_free_on_the_legacy_stream_marks_the_work_before_it() {
         let (x, y) = (gpu.program_stream(false), gpu.program_stream(false));
         let a = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
         let b = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
-        let old = Touch {
-            ptr: b,
-            generation: gpu.next_generation(b),
-        };
+        let old = Touch { ptr: b, generation: gpu.next_generation(b) };
         shim.launch(&gpu, x, Some(old));
         Shim::free(&shim, &gpu, a);
         gpu.program_freed(old);
         let calls = gpu.work_calls();
         Shim::free(&shim, &gpu, b);
         let again = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
-        assert_eq!(
-            (again, gpu.work_calls() - calls),
-            (b, 0),
-            "seed {seed}: kept and taken back with no driver call"
-        );
-        shim.launch(
-            &gpu,
-            y,
-            Some(Touch {
-                ptr: b,
-                generation: gpu.next_generation(b),
-            }),
-        );
+        assert_eq!((again, gpu.work_calls() - calls), (b, 0), "seed {seed}: kept and taken back with no driver call");
+        shim.launch(&gpu, y, Some(Touch { ptr: b, generation: gpu.next_generation(b) }));
         gpu.drain();
-        assert!(
-            gpu.violations().is_empty(),
-            "seed {seed}: {:?}",
-            gpu.violations()
-        );
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
         let device = shim.stats.device(0);
-        let kept = (
-            device.total(|t| &t.legacy_stream_frees),
-            device.total(|t| &t.legacy_cached_frees),
-        );
-        assert_eq!(
-            kept,
-            (1, 1),
-            "seed {seed}: frees on the legacy stream, kept"
-        );
+        let kept = (device.total(|t| &t.legacy_stream_frees), device.total(|t| &t.legacy_cached_frees));
+        assert_eq!(kept, (1, 1), "seed {seed}: frees on the legacy stream, kept");
     }
 }
 
@@ -1364,44 +1028,23 @@ fn a_free_while_another_frees_mark_is_on_its_way_marks_too() {
     for seed in 0..32 {
         // The other thread's steps borrow both for the life of the process.
         let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(seed, CAPACITY)));
-        let shim: &'static Allocator =
-            Box::leak(Box::new(allocator(&[("SOMA_LEGACY_CACHE", "on")])));
+        let shim: &'static Allocator = Box::leak(Box::new(allocator(&[("SOMA_LEGACY_CACHE", "on")])));
         let (first, second) = (gpu.program_stream(false), gpu.program_stream(false));
         let y = Shim::malloc(shim, gpu, MIB).expect("pooled");
         let z = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
-        let old = Touch {
-            ptr: z,
-            generation: gpu.next_generation(z),
-        };
+        let old = Touch { ptr: z, generation: gpu.next_generation(z) };
         shim.launch(gpu, first, Some(old));
         gpu.program_freed(old);
         *gpu.before_next_legacy_record.lock().expect("unpoisoned") = Some(Box::new(move || {
             Shim::free(shim, gpu, z);
             let again = Shim::malloc(shim, gpu, 2 * MIB).expect("pooled");
             assert_eq!(again, z, "seed {seed}: the kept block");
-            shim.launch(
-                gpu,
-                second,
-                Some(Touch {
-                    ptr: z,
-                    generation: gpu.next_generation(z),
-                }),
-            );
+            shim.launch(gpu, second, Some(Touch { ptr: z, generation: gpu.next_generation(z) }));
         }));
         Shim::free(shim, gpu, y);
-        assert!(
-            gpu.before_next_legacy_record
-                .lock()
-                .expect("unpoisoned")
-                .is_none(),
-            "the steps ran"
-        );
+        assert!(gpu.before_next_legacy_record.lock().expect("unpoisoned").is_none(), "the steps ran");
         gpu.drain();
-        assert!(
-            gpu.violations().is_empty(),
-            "seed {seed}: {:?}",
-            gpu.violations()
-        );
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
     }
 }
 
@@ -1414,50 +1057,25 @@ fn a_free_while_another_frees_mark_is_on_its_way_marks_too() {
 /// or after: the last mark is older than its free, so the host waits.
 #[test]
 fn a_kept_block_is_not_reused_past_a_stream_that_missed_its_mark() {
-    let cases = [
-        ("on", true, (1, 1), false),
-        ("auto", false, (1, 0), false),
-        ("auto", false, (1, 0), true),
-    ];
+    let cases = [("on", true, (1, 1), false), ("auto", false, (1, 0), false), ("auto", false, (1, 0), true)];
     for (seed, case) in (0..32).flat_map(|seed| cases.map(|case| (seed, case))) {
         let (cache, old_off_legacy, kept, handed_out_first) = case;
         let gpu = SimGpu::new(seed, CAPACITY);
         let shim = allocator(&[("SOMA_LEGACY_CACHE", cache)]);
-        let old_stream = if old_off_legacy {
-            gpu.program_stream(false)
-        } else {
-            Stream::LEGACY
-        };
+        let old_stream = if old_off_legacy { gpu.program_stream(false) } else { Stream::LEGACY };
         used_then_freed(&shim, &gpu, old_stream);
         let device = shim.stats.device(0);
-        let counted = (
-            device.total(|t| &t.legacy_cached_frees),
-            device.total(|t| &t.legacy_marked_frees),
-        );
-        assert_eq!(
-            counted, kept,
-            "seed {seed}, {case:?}: frees kept, and marked"
-        );
+        let counted = (device.total(|t| &t.legacy_cached_frees), device.total(|t| &t.legacy_marked_frees));
+        assert_eq!(counted, kept, "seed {seed}, {case:?}: frees kept, and marked");
         let early = handed_out_first.then(|| Shim::malloc(&shim, &gpu, MIB).expect("pooled"));
         gpu.fail_legacy_records.store(true, Ordering::Relaxed);
         let nonblocking = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, nonblocking);
         gpu.fail_legacy_records.store(false, Ordering::Relaxed);
         let again = early.unwrap_or_else(|| Shim::malloc(&shim, &gpu, MIB).expect("pooled"));
-        shim.launch(
-            &gpu,
-            nonblocking,
-            Some(Touch {
-                ptr: again,
-                generation: gpu.next_generation(again),
-            }),
-        );
+        shim.launch(&gpu, nonblocking, Some(Touch { ptr: again, generation: gpu.next_generation(again) }));
         gpu.drain();
-        assert!(
-            gpu.violations().is_empty(),
-            "seed {seed}, {case:?}: {:?}",
-            gpu.violations()
-        );
+        assert!(gpu.violations().is_empty(), "seed {seed}, {case:?}: {:?}", gpu.violations());
     }
 }
 
@@ -1472,39 +1090,22 @@ fn a_block_kept_with_no_mark_is_not_reused_past_a_capture_that_missed_its_mark()
         used_then_freed(&shim, &gpu, Stream::LEGACY);
         let captured = gpu.program_stream(false);
         gpu.fail_legacy_records.store(true, Ordering::Relaxed);
-        assert!(
-            Shim::begin_capture(&shim, &gpu, captured, CaptureMode::Global),
-            "seed {seed}: the capture began"
-        );
+        assert!(Shim::begin_capture(&shim, &gpu, captured, CaptureMode::Global), "seed {seed}: the capture began");
         gpu.fail_legacy_records.store(false, Ordering::Relaxed);
         let nonblocking = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, nonblocking);
         Shim::end_capture(&shim, &gpu, captured);
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        shim.launch(
-            &gpu,
-            nonblocking,
-            Some(Touch {
-                ptr: again,
-                generation: gpu.next_generation(again),
-            }),
-        );
+        shim.launch(&gpu, nonblocking, Some(Touch { ptr: again, generation: gpu.next_generation(again) }));
         gpu.drain();
-        assert!(
-            gpu.violations().is_empty(),
-            "seed {seed}: {:?}",
-            gpu.violations()
-        );
+        assert!(gpu.violations().is_empty(), "seed {seed}: {:?}", gpu.violations());
     }
 }
 
 /// A block of 1 MiB, used by work on `stream`, then freed.
 fn used_then_freed(shim: &Allocator, gpu: &SimGpu, stream: Stream) {
     let ptr = Shim::malloc(shim, gpu, MIB).expect("pooled");
-    let touch = Touch {
-        ptr,
-        generation: gpu.next_generation(ptr),
-    };
+    let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
     shim.launch(gpu, stream, Some(touch));
     gpu.program_freed(touch);
     Shim::free(shim, gpu, ptr);
@@ -1521,32 +1122,12 @@ fn a_stream_busy_at_one_join_is_asked_again_at_the_next() {
         let (busy, other) = (gpu.program_stream(true), gpu.program_stream(true));
         Shim::stream_created(&shim, &gpu, busy);
         Shim::stream_created(&shim, &gpu, other);
-        let (x, y) = (
-            Shim::malloc(&shim, &gpu, MIB).expect("pooled"),
-            Shim::malloc(&shim, &gpu, MIB).expect("pooled"),
-        );
+        let (x, y) = (Shim::malloc(&shim, &gpu, MIB).expect("pooled"), Shim::malloc(&shim, &gpu, MIB).expect("pooled"));
         for _ in 0..8 {
-            shim.launch(
-                &gpu,
-                busy,
-                Some(Touch {
-                    ptr: 0xdead,
-                    generation: 1,
-                }),
-            );
+            shim.launch(&gpu, busy, Some(Touch { ptr: 0xdead, generation: 1 }));
         }
-        let old = Touch {
-            ptr: y,
-            generation: gpu.next_generation(y),
-        };
-        shim.launch(
-            &gpu,
-            busy,
-            Some(Touch {
-                ptr: x,
-                generation: gpu.next_generation(x),
-            }),
-        );
+        let old = Touch { ptr: y, generation: gpu.next_generation(y) };
+        shim.launch(&gpu, busy, Some(Touch { ptr: x, generation: gpu.next_generation(x) }));
         shim.launch(&gpu, busy, Some(old));
         Shim::free(&shim, &gpu, x);
         let _first_join = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
@@ -1554,19 +1135,10 @@ fn a_stream_busy_at_one_join_is_asked_again_at_the_next() {
         Shim::free(&shim, &gpu, y);
         let asked = gpu.calls("is_idle");
         let _second_join = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
-        assert_eq!(
-            gpu.calls("is_idle") - asked,
-            1,
-            "seed {seed}: the busy stream is asked, the other not"
-        );
-        gpu.synchronize_stream(Stream::LEGACY)
-            .expect("synchronized");
+        assert_eq!(gpu.calls("is_idle") - asked, 1, "seed {seed}: the busy stream is asked, the other not");
+        gpu.synchronize_stream(Stream::LEGACY).expect("synchronized");
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        assert!(
-            again != y || !reused_early(&shim, &gpu, y, other),
-            "seed {seed}: {:?}",
-            gpu.violations()
-        );
+        assert!(again != y || !reused_early(&shim, &gpu, y, other), "seed {seed}: {:?}", gpu.violations());
     }
 }
 
@@ -1592,39 +1164,20 @@ fn work_the_hooks_do_not_see_is_caught() {
         Shim::stream_created(&shim, &gpu, seen);
         Shim::stream_created(&shim, &gpu, other);
         let x = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        shim.launch(
-            &gpu,
-            seen,
-            Some(Touch {
-                ptr: x,
-                generation: gpu.next_generation(x),
-            }),
-        );
+        shim.launch(&gpu, seen, Some(Touch { ptr: x, generation: gpu.next_generation(x) }));
         gpu.drain();
         Shim::free(&shim, &gpu, x);
         let _joined = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled"); // asks `seen`: idle
         let y = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
         for _ in 0..8 {
-            launch(
-                &shim,
-                &gpu,
-                seen,
-                Touch {
-                    ptr: 0xdead,
-                    generation: 1,
-                },
-            );
+            launch(&shim, &gpu, seen, Touch { ptr: 0xdead, generation: 1 });
         }
-        let old = Touch {
-            ptr: y,
-            generation: gpu.next_generation(y),
-        };
+        let old = Touch { ptr: y, generation: gpu.next_generation(y) };
         launch(&shim, &gpu, seen, old);
         gpu.program_freed(old);
         Shim::free(&shim, &gpu, y);
         let _joined_again = Shim::malloc(&shim, &gpu, 4 * MIB).expect("pooled");
-        gpu.synchronize_stream(Stream::LEGACY)
-            .expect("synchronized");
+        gpu.synchronize_stream(Stream::LEGACY).expect("synchronized");
         let again = Shim::malloc(&shim, &gpu, 3 * MIB).expect("pooled");
         let early = again == y && reused_early(&shim, &gpu, y, other);
         assert!(!(hooked && early), "seed {seed}: {:?}", gpu.violations());
@@ -1642,26 +1195,12 @@ fn work_the_hooks_do_not_see_is_caught() {
         Shim::free(&shim, &gpu, x);
         let _barrier = Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled");
         let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        assert_eq!(
-            again, x,
-            "seed {seed}: the barrier's block comes back at once"
-        );
-        launch(
-            &shim,
-            &gpu,
-            second,
-            Touch {
-                ptr: x,
-                generation: gpu.next_generation(x),
-            },
-        );
+        assert_eq!(again, x, "seed {seed}: the barrier's block comes back at once");
+        launch(&shim, &gpu, second, Touch { ptr: x, generation: gpu.next_generation(x) });
         gpu.drain();
         let early = !gpu.violations().early_reuse.is_empty();
         assert!(!(hooked && early), "seed {seed}: {:?}", gpu.violations());
         caught[1] += usize::from(early);
     }
-    assert!(
-        caught.iter().all(|&c| c > 0),
-        "missed work caught in {caught:?} of 16 seeds"
-    );
+    assert!(caught.iter().all(|&c| c > 0), "missed work caught in {caught:?} of 16 seeds");
 }

@@ -52,8 +52,7 @@ mod tests {
 
     /// A fresh directory of this test's own.
     fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("somashim-output-{name}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("somashim-output-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).unwrap();
         dir
@@ -64,10 +63,7 @@ mod tests {
         let dir = scratch("new");
         let path = dir.join("out.csv");
         drop(create(path.to_str().unwrap()).unwrap());
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         std::fs::write(&path, "old").unwrap();
         drop(create(path.to_str().unwrap()).unwrap());
         assert_eq!(std::fs::read(&path).unwrap(), b"");
@@ -83,18 +79,11 @@ mod tests {
         std::os::unix::fs::symlink(&target, &link).unwrap();
         let e = create(link.to_str().unwrap()).unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
-        assert_eq!(
-            std::fs::read(&target).unwrap(),
-            b"keep",
-            "the target is not truncated"
-        );
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep", "the target is not truncated");
         let dangling = dir.join("dangling");
         std::os::unix::fs::symlink(dir.join("absent"), &dangling).unwrap();
         assert!(create(dangling.to_str().unwrap()).is_err());
-        assert!(
-            !dir.join("absent").exists(),
-            "a dangling link's target is not created"
-        );
+        assert!(!dir.join("absent").exists(), "a dangling link's target is not created");
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -102,11 +91,7 @@ mod tests {
     fn only_regular_files_are_written() {
         let dir = scratch("special");
         let fifo = dir.join("fifo");
-        assert!(std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success());
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
         // No reader: this would block forever without O_NONBLOCK.
         let e = create(fifo.to_str().unwrap()).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");

@@ -85,9 +85,7 @@ pub enum Keep {
     /// Those cached lately, the newest first, while the blocks held
     /// (pending and cached, small blocks in the cache aside) stay within
     /// `within` bytes, and the small blocks in the cache within as much again.
-    Young {
-        within: u64,
-    },
+    Young { within: u64 },
     None,
 }
 
@@ -125,11 +123,7 @@ pub struct Reclaiming {
 impl PendingFrees {
     /// Frees of a device whose blocks of at most `small_blocks` bytes are small.
     pub fn new(small_blocks: u64, observer: Observer) -> PendingFrees {
-        PendingFrees {
-            small_blocks,
-            observer,
-            ..PendingFrees::default()
-        }
+        PendingFrees { small_blocks, observer, ..PendingFrees::default() }
     }
 
     /// Whether a block of `size` bytes is small (see `small_blocks`).
@@ -171,19 +165,14 @@ impl PendingFrees {
     /// Whether a block of `size` bytes may join the cache within `limit`:
     /// a small one within the small blocks' budget, another within the rest.
     pub fn has_room(&self, size: u64, limit: u64) -> bool {
-        let held = if self.is_small(size) {
-            self.small_cached_bytes.load(Relaxed)
-        } else {
-            self.bounded_bytes()
-        };
+        let held = if self.is_small(size) { self.small_cached_bytes.load(Relaxed) } else { self.bounded_bytes() };
         held + size <= limit
     }
 
     /// The part of `held_bytes` that counts toward `SOMA_PENDING_FREE_LIMIT`:
     /// all but the small blocks in the cache, which have a budget of their own.
     pub fn bounded_bytes(&self) -> u64 {
-        self.held_bytes()
-            .saturating_sub(self.small_cached_bytes.load(Relaxed))
+        self.held_bytes().saturating_sub(self.small_cached_bytes.load(Relaxed))
     }
 
     /// Whether anything waits to be joined or to pass.
@@ -227,22 +216,17 @@ impl PendingFrees {
     ) -> CuResult<usize> {
         let Queued(blocks) = queued;
         let bytes = blocks.iter().map(|b| b.size).sum();
-        let joined = take_event(r, driver).and_then(|done| {
-            match self.record_join(r, driver, join_stream, after, done) {
+        let joined =
+            take_event(r, driver).and_then(|done| match self.record_join(r, driver, join_stream, after, done) {
                 Ok(joined) => Ok((done, joined)),
                 Err(e) => {
                     r.spare_events.push(done);
                     Err(e)
                 }
-            }
-        });
+            });
         match joined {
             Ok((done, Joined { asked, .. })) => {
-                lock(&self.joined).push_back(Batch {
-                    blocks,
-                    bytes,
-                    done,
-                });
+                lock(&self.joined).push_back(Batch { blocks, bytes, done });
                 Ok(asked)
             }
             Err(e) => {
@@ -306,10 +290,7 @@ impl PendingFrees {
             recorded?;
             false
         };
-        Ok(Joined {
-            on_legacy_stream,
-            asked,
-        })
+        Ok(Joined { on_legacy_stream, asked })
     }
 
     /// Orders the `queued` blocks behind a barrier on the GPU, as the real
@@ -360,9 +341,7 @@ impl PendingFrees {
         join_stream: Stream,
         after: &Predecessors,
     ) -> CuResult<usize> {
-        let tracked = after
-            .barriers
-            .filter(|_| after.nonblocking.iter().any(|live| live.work.is_some()));
+        let tracked = after.barriers.filter(|_| after.nonblocking.iter().any(|live| live.work.is_some()));
         // Tracked streams wait for the context's barrier event, which keeps
         // its latest record; the others for an event of the batch's own.
         let done = match tracked {
@@ -376,34 +355,22 @@ impl PendingFrees {
             },
             None => take_event(r, driver)?,
         };
-        let ordered = self
-            .record_join(r, driver, join_stream, after, done)
-            .and_then(
-                |Joined {
-                     on_legacy_stream,
-                     asked,
-                 }| {
-                    // Before the legacy stream waits: from then on the pool may
-                    // hand out there a block freed with cudaFreeAsync on a busy
-                    // stream (event dependencies), and a tracked stream must see
-                    // a barrier it owes before it can use that block. (Raised
-                    // for a batch not ordered after all, it costs waits only.)
-                    if let Some(barriers) = tracked {
-                        barriers.published();
-                    }
-                    // Recorded on the legacy stream, it is behind `done` already.
-                    let legacy = (!on_legacy_stream).then_some(Stream::LEGACY);
-                    let untracked = after
-                        .nonblocking
-                        .iter()
-                        .filter(|live| live.work.is_none())
-                        .map(|live| live.stream);
-                    untracked
-                        .chain(legacy)
-                        .try_for_each(|stream| driver.wait_event(stream, done))?;
-                    Ok(asked)
-                },
-            );
+        let ordered =
+            self.record_join(r, driver, join_stream, after, done).and_then(|Joined { on_legacy_stream, asked }| {
+                // Before the legacy stream waits: from then on the pool may
+                // hand out there a block freed with cudaFreeAsync on a busy
+                // stream (event dependencies), and a tracked stream must see
+                // a barrier it owes before it can use that block. (Raised
+                // for a batch not ordered after all, it costs waits only.)
+                if let Some(barriers) = tracked {
+                    barriers.published();
+                }
+                // Recorded on the legacy stream, it is behind `done` already.
+                let legacy = (!on_legacy_stream).then_some(Stream::LEGACY);
+                let untracked = after.nonblocking.iter().filter(|live| live.work.is_none()).map(|live| live.stream);
+                untracked.chain(legacy).try_for_each(|stream| driver.wait_event(stream, done))?;
+                Ok(asked)
+            });
         if tracked.is_none() {
             r.spare_events.push(done); // a wait binds to the record it saw
         }
@@ -469,11 +436,7 @@ impl PendingFrees {
             if self.is_small(block.size) {
                 self.small_cached_bytes.fetch_add(block.size, Relaxed);
             }
-            cache.entry(block.size).or_default().push(Cached {
-                ptr: block.ptr,
-                since,
-                in_legacy_order,
-            });
+            cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since, in_legacy_order });
         }
     }
 
@@ -494,42 +457,23 @@ impl PendingFrees {
                     let aged = Instant::now().checked_sub(CACHE_AGE);
                     let small = self.small_cached_bytes.load(Relaxed);
                     let over = |bytes: u64, small_ones: bool| {
-                        aged.max(oldest_to_release(
-                            &cache,
-                            bytes.saturating_sub(within),
-                            |size| self.is_small(size) == small_ones,
-                        ))
+                        aged.max(oldest_to_release(&cache, bytes.saturating_sub(within), |size| self.is_small(size) == small_ones))
                     };
                     (over(self.bounded_bytes(), false), over(small, true))
                 }
                 Keep::None => (Some(after_all_cached()), Some(after_all_cached())),
             };
             for (&size, blocks) in cache.iter_mut() {
-                let cutoff = if self.is_small(size) {
-                    release_before.1
-                } else {
-                    release_before.0
-                };
+                let cutoff = if self.is_small(size) { release_before.1 } else { release_before.0 };
                 let Some(cutoff) = cutoff else { continue };
                 // Oldest first: blocks are pushed in time order and popped from the back.
-                let keep_from = blocks
-                    .iter()
-                    .position(|b| b.since >= cutoff)
-                    .unwrap_or(blocks.len());
-                released.extend(
-                    blocks
-                        .drain(..keep_from)
-                        .map(|b| (b.ptr, size, b.in_legacy_order)),
-                );
+                let keep_from = blocks.iter().position(|b| b.since >= cutoff).unwrap_or(blocks.len());
+                released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.in_legacy_order)));
             }
             cache.retain(|_, blocks| !blocks.is_empty());
             // Out of the cache, a small block has no budget of its own: on its
             // way to the pool it counts toward the bound, as any other.
-            let small: u64 = released
-                .iter()
-                .map(|&(_, size, _)| size)
-                .filter(|&size| self.is_small(size))
-                .sum();
+            let small: u64 = released.iter().map(|&(_, size, _)| size).filter(|&size| self.is_small(size)).sum();
             self.small_cached_bytes.fetch_sub(small, Relaxed);
         }
         for (ptr, size, in_legacy_order) in released {
@@ -560,11 +504,7 @@ impl PendingFrees {
             ptrs.extend(batch.blocks.iter().map(|b| b.ptr));
             events.push(batch.done);
         }
-        ptrs.extend(
-            lock(&self.cache)
-                .drain()
-                .flat_map(|(_, blocks)| blocks.into_iter().map(|b| b.ptr)),
-        );
+        ptrs.extend(lock(&self.cache).drain().flat_map(|(_, blocks)| blocks.into_iter().map(|b| b.ptr)));
         self.pending_bytes.store(0, Relaxed);
         self.cached_bytes.store(0, Relaxed);
         self.small_cached_bytes.store(0, Relaxed);
@@ -574,11 +514,7 @@ impl PendingFrees {
 
 /// The time before which the oldest cached blocks of the sizes `counted`
 /// picks, `excess` bytes or just more, were cached; None if nothing need go.
-fn oldest_to_release(
-    cache: &HashMap<u64, Vec<Cached>>,
-    excess: u64,
-    counted: impl Fn(u64) -> bool,
-) -> Option<Instant> {
+fn oldest_to_release(cache: &HashMap<u64, Vec<Cached>>, excess: u64, counted: impl Fn(u64) -> bool) -> Option<Instant> {
     if excess == 0 {
         return None;
     }
@@ -633,18 +569,10 @@ mod tests {
         pending.queue(1, 2);
         let block = lock(&pending.queued).pop().expect("queued");
         pending.cache_pending(vec![block], 2, false);
-        assert_eq!(
-            (pending.held_bytes(), pending.bounded_bytes()),
-            (2, 0),
-            "cached, a small block has a budget of its own"
-        );
+        assert_eq!((pending.held_bytes(), pending.bounded_bytes()), (2, 0), "cached, a small block has a budget of its own");
         let mut seen = Vec::new();
         pending.release_cached(Keep::None, &map, |_, _| seen.push(pending.bounded_bytes()));
-        assert_eq!(
-            seen,
-            [2],
-            "between the cache and the pool it counts toward the bound"
-        );
+        assert_eq!(seen, [2], "between the cache and the pool it counts toward the bound");
         assert_eq!((pending.held_bytes(), pending.bounded_bytes()), (0, 0));
     }
 
@@ -653,23 +581,14 @@ mod tests {
         let map = PointerMap::default();
         let pending = cached(&[4, 4, 8, 2]);
         let mut released = Vec::new();
-        pending.release_cached(Keep::Young { within: 12 }, &map, |ptr, in_legacy_order| {
-            released.push((ptr, in_legacy_order))
-        });
-        assert_eq!(
-            released,
-            [(1, false), (2, true)],
-            "18 bytes held, 12 kept: the two oldest go"
-        );
+        pending.release_cached(Keep::Young { within: 12 }, &map, |ptr, in_legacy_order| released.push((ptr, in_legacy_order)));
+        assert_eq!(released, [(1, false), (2, true)], "18 bytes held, 12 kept: the two oldest go");
         assert_eq!(pending.cached_bytes(), 10);
         assert_eq!(pending.take_cached(8), Some(3));
 
         let mut later = Vec::new();
         pending.release_cached(Keep::Young { within: 2 }, &map, |ptr, _| later.push(ptr));
-        assert!(
-            later.is_empty(),
-            "cached just now and within the bound: nothing goes"
-        );
+        assert!(later.is_empty(), "cached just now and within the bound: nothing goes");
         pending.release_cached(Keep::None, &map, |ptr, _| later.push(ptr));
         assert_eq!(later, [4]);
         assert_eq!(pending.cached_bytes(), 0);

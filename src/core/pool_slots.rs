@@ -78,9 +78,7 @@ impl PoolSlots {
     /// Forgets the pool of `ordinal`, returning it.
     pub fn take(&self, ordinal: i32) -> Option<Arc<Device>> {
         let mut slots = write(&self.0);
-        let slot = usize::try_from(ordinal)
-            .ok()
-            .and_then(|i| slots.get_mut(i))?;
+        let slot = usize::try_from(ordinal).ok().and_then(|i| slots.get_mut(i))?;
         std::mem::take(slot).pool()
     }
 }

@@ -35,9 +35,7 @@ pub enum Memory {
     Device,
     /// `flags`: what `cudaHostGetFlags` answers for the block, as it would
     /// for the real allocation.
-    Host {
-        flags: u32,
-    },
+    Host { flags: u32 },
 }
 
 impl Memory {
@@ -107,9 +105,7 @@ impl Hasher for AddressHasher {
     }
 
     fn write_u64(&mut self, value: u64) {
-        self.0 = (self.0 ^ value)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .rotate_left(29);
+        self.0 = (self.0 ^ value).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
     }
 
     fn finish(&self) -> u64 {
@@ -122,16 +118,7 @@ impl PointerMap {
     /// means the map went stale; the new block wins and the old one is returned.
     pub fn insert(&self, ptr: u64, block: Block) -> Option<Block> {
         self.note_host_range(ptr, block);
-        self.slots
-            .insert(
-                ptr,
-                Slot {
-                    block,
-                    pending: false,
-                    shared: false,
-                },
-            )
-            .map(|old| old.block)
+        self.slots.insert(ptr, Slot { block, pending: false, shared: false }).map(|old| old.block)
     }
 
     fn note_host_range(&self, ptr: u64, block: Block) {
@@ -147,22 +134,14 @@ impl PointerMap {
             let (&start, &size) = ranges.range(..=ptr).next_back()?;
             (ptr - start < size).then_some(start)?
         };
-        self.live_block(start)
-            .filter(|block| block.memory.is_host())
+        self.live_block(start).filter(|block| block.memory.is_host())
     }
 
     /// A pending block is handed out again (from the cache).
     /// False if `ptr` was not pending: the map was stale, and now has `block`.
     pub fn reissue(&self, ptr: u64, block: Block) -> bool {
         self.note_host_range(ptr, block);
-        let old = self.slots.insert(
-            ptr,
-            Slot {
-                block,
-                pending: false,
-                shared: false,
-            },
-        );
+        let old = self.slots.insert(ptr, Slot { block, pending: false, shared: false });
         old.is_some_and(|slot| slot.pending)
     }
 
@@ -213,10 +192,7 @@ impl PointerMap {
 
     /// The block at `ptr`, if it is a live one of the pool's.
     pub fn live_block(&self, ptr: u64) -> Option<Block> {
-        self.slots
-            .get(&ptr)
-            .filter(|slot| !slot.pending)
-            .map(|slot| slot.block)
+        self.slots.get(&ptr).filter(|slot| !slot.pending).map(|slot| slot.block)
     }
 
     /// Marks the live block at `ptr` as exported through CUDA IPC. Returns
@@ -230,10 +206,7 @@ impl PointerMap {
 
     /// The live block at `ptr`, if it is one exported through CUDA IPC.
     pub fn live_shared_block(&self, ptr: u64) -> Option<Block> {
-        self.slots
-            .get(&ptr)
-            .filter(|slot| !slot.pending && slot.shared)
-            .map(|slot| slot.block)
+        self.slots.get(&ptr).filter(|slot| !slot.pending && slot.shared).map(|slot| slot.block)
     }
 
     #[cfg(test)]
@@ -270,47 +243,26 @@ mod tests {
     use std::sync::Arc;
     use std::thread;
 
-    const B: Block = Block {
-        device: 0,
-        size: 256,
-        caller: 0,
-        memory: Memory::Device,
-    };
+    const B: Block = Block { device: 0, size: 256, caller: 0, memory: Memory::Device };
 
     #[test]
     fn a_free_of_the_other_memory_claims_nothing() {
         let map = PointerMap::default();
-        let host = Block {
-            memory: Memory::Host { flags: 2 },
-            ..B
-        };
+        let host = Block { memory: Memory::Host { flags: 2 }, ..B };
         map.insert(0x1000, host);
         map.insert(0x2000, B);
-        assert_eq!(
-            map.claim_for_free(0x1000, MemoryKind::Device),
-            Claim::OtherMemory
-        );
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::OtherMemory);
         assert_eq!(map.claim_for_free_async(0x1000), Claim::OtherMemory);
-        assert_eq!(
-            map.claim_for_free(0x2000, MemoryKind::Host),
-            Claim::OtherMemory
-        );
+        assert_eq!(map.claim_for_free(0x2000, MemoryKind::Host), Claim::OtherMemory);
         assert_eq!(map.live_block(0x1000), Some(host), "still the program's");
-        assert_eq!(
-            map.claim_for_free(0x1000, MemoryKind::Host),
-            Claim::Live(host)
-        );
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Host), Claim::Live(host));
         assert_eq!(map.claim_for_free(0x1000, MemoryKind::Host), Claim::Pending);
     }
 
     #[test]
     fn a_host_block_is_found_from_inside_while_live() {
         let map = PointerMap::default();
-        let host = Block {
-            memory: Memory::Host { flags: 2 },
-            size: 4096,
-            ..B
-        };
+        let host = Block { memory: Memory::Host { flags: 2 }, size: 4096, ..B };
         map.insert(0x10000, host);
         map.insert(0x20000, Block { size: 4096, ..B });
         assert_eq!(map.host_block_holding(0x10000), Some(host));
@@ -321,11 +273,7 @@ mod tests {
         map.claim_for_free(0x10000, MemoryKind::Host);
         assert_eq!(map.host_block_holding(0x10010), None, "freed");
         map.reissue(0x10000, host);
-        assert_eq!(
-            map.host_block_holding(0x10010),
-            Some(host),
-            "handed out again"
-        );
+        assert_eq!(map.host_block_holding(0x10010), Some(host), "handed out again");
     }
 
     #[test]
@@ -333,23 +281,12 @@ mod tests {
         let map = PointerMap::default();
         assert_eq!(map.insert(0x1000, B), None);
         assert!(map.is_live(0x1000));
-        assert_eq!(
-            map.claim_for_free(0x1000, MemoryKind::Device),
-            Claim::Live(B)
-        );
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Live(B));
         assert!(!map.is_live(0x1000));
-        assert_eq!(
-            map.claim_for_free(0x1000, MemoryKind::Device),
-            Claim::Pending,
-            "a double free while pending"
-        );
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Pending, "a double free while pending");
         assert_eq!(map.claim_for_free_async(0x1000), Claim::Pending);
         map.returned(0x1000);
-        assert_eq!(
-            map.claim_for_free(0x1000, MemoryKind::Device),
-            Claim::Unknown,
-            "back in the pool: the real free decides"
-        );
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Unknown, "back in the pool: the real free decides");
         assert_eq!(map.len(), 0);
     }
 
@@ -357,10 +294,7 @@ mod tests {
     fn a_pending_block_can_be_handed_out_again_and_a_live_one_cannot() {
         let map = PointerMap::default();
         map.insert(0x1000, B);
-        assert_eq!(
-            map.claim_for_free(0x1000, MemoryKind::Device),
-            Claim::Live(B)
-        );
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Live(B));
         assert!(map.reissue(0x1000, B), "pending: handed out again");
         assert!(map.is_live(0x1000));
         assert!(!map.reissue(0x1000, B), "live: the map was stale");
@@ -390,142 +324,56 @@ mod tests {
         map.insert(0x1000, B);
         assert_eq!(map.live_shared_block(0x1000), None);
         assert_eq!(map.share(0x1000), Some((B, false)));
-        assert_eq!(
-            map.share(0x1000),
-            Some((B, true)),
-            "a second export finds it shared"
-        );
+        assert_eq!(map.share(0x1000), Some((B, true)), "a second export finds it shared");
         assert_eq!(map.live_shared_block(0x1000), Some(B));
         assert_eq!(map.claim_for_free_async(0x1000), Claim::Shared(B));
-        assert_eq!(
-            map.claim_for_free(0x1000, MemoryKind::Device),
-            Claim::Pending,
-            "held: a double free"
-        );
-        assert_eq!(
-            map.share(0x1000),
-            None,
-            "a pending block cannot be exported"
-        );
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Pending, "held: a double free");
+        assert_eq!(map.share(0x1000), None, "a pending block cannot be exported");
         map.returned(0x1000);
         map.insert(0x1000, B);
-        assert_eq!(
-            map.live_shared_block(0x1000),
-            None,
-            "a new block at the address is not shared"
-        );
-        assert_eq!(
-            map.claim_for_free(0x1000, MemoryKind::Device),
-            Claim::Live(B)
-        );
+        assert_eq!(map.live_shared_block(0x1000), None, "a new block at the address is not shared");
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Live(B));
     }
 
     #[test]
     fn interior_pointers_are_unknown() {
         let map = PointerMap::default();
-        map.insert(
-            0x1000,
-            Block {
-                device: 0,
-                size: 4096,
-                caller: 0,
-                memory: Memory::Device,
-            },
-        );
+        map.insert(0x1000, Block { device: 0, size: 4096, caller: 0, memory: Memory::Device });
         assert!(!map.is_live(0x1100));
-        assert_eq!(
-            map.claim_for_free(0x1100, MemoryKind::Device),
-            Claim::Unknown
-        );
+        assert_eq!(map.claim_for_free(0x1100, MemoryKind::Device), Claim::Unknown);
         assert_eq!(map.len(), 1);
     }
 
     #[test]
     fn reinserting_a_pointer_reports_the_stale_block() {
         let map = PointerMap::default();
-        map.insert(
-            0x1000,
-            Block {
-                device: 0,
-                size: 1,
-                caller: 0,
-                memory: Memory::Device,
-            },
-        );
-        assert_eq!(
-            map.insert(
-                0x1000,
-                Block {
-                    device: 1,
-                    size: 2,
-                    caller: 0,
-                    memory: Memory::Device
-                }
-            ),
-            Some(Block {
-                device: 0,
-                size: 1,
-                caller: 0,
-                memory: Memory::Device
-            })
-        );
-        assert_eq!(
-            map.claim_for_free(0x1000, MemoryKind::Device),
-            Claim::Live(Block {
-                device: 1,
-                size: 2,
-                caller: 0,
-                memory: Memory::Device
-            })
-        );
+        map.insert(0x1000, Block { device: 0, size: 1, caller: 0, memory: Memory::Device });
+        assert_eq!(map.insert(0x1000, Block { device: 1, size: 2, caller: 0, memory: Memory::Device }), Some(Block { device: 0, size: 1, caller: 0, memory: Memory::Device }));
+        assert_eq!(map.claim_for_free(0x1000, MemoryKind::Device), Claim::Live(Block { device: 1, size: 2, caller: 0, memory: Memory::Device }));
     }
 
     #[test]
     fn reset_takes_only_that_device_and_reports_live_blocks() {
         let map = PointerMap::default();
         for i in 0..10u64 {
-            map.insert(
-                0x1000 * (i + 1),
-                Block {
-                    device: (i % 2) as i32,
-                    size: 8,
-                    caller: 0,
-                    memory: Memory::Device,
-                },
-            );
+            map.insert(0x1000 * (i + 1), Block { device: (i % 2) as i32, size: 8, caller: 0, memory: Memory::Device });
         }
-        assert_eq!(
-            map.claim_for_free(0x2000, MemoryKind::Device),
-            Claim::Live(Block {
-                device: 1,
-                size: 8,
-                caller: 0,
-                memory: Memory::Device
-            })
-        );
+        assert_eq!(map.claim_for_free(0x2000, MemoryKind::Device), Claim::Live(Block { device: 1, size: 8, caller: 0, memory: Memory::Device }));
         let live = map.take_device(1);
         assert_eq!(live.len(), 4, "the pending one is not reported live");
         assert!(live.iter().all(|(_, b)| b.device == 1));
         assert_eq!(map.len(), 5);
         assert!(map.is_live(0x1000));
-        assert_eq!(
-            map.claim_for_free(0x2000, MemoryKind::Device),
-            Claim::Unknown
-        );
+        assert_eq!(map.claim_for_free(0x2000, MemoryKind::Device), Claim::Unknown);
     }
 
     #[test]
     fn aligned_addresses_spread_over_the_hash_space() {
         use std::hash::BuildHasher;
         let hasher = BuildHasherDefault::<AddressHasher>::default();
-        let buckets: std::collections::HashSet<u64> = (0..64u64)
-            .map(|i| hasher.hash_one(0x7f00_0000_0000 + (i << 21)) >> 58)
-            .collect();
-        assert!(
-            buckets.len() > 32,
-            "2 MiB-aligned addresses land in {} of 64 top-bit buckets",
-            buckets.len()
-        );
+        let buckets: std::collections::HashSet<u64> =
+            (0..64u64).map(|i| hasher.hash_one(0x7f00_0000_0000 + (i << 21)) >> 58).collect();
+        assert!(buckets.len() > 32, "2 MiB-aligned addresses land in {} of 64 top-bit buckets", buckets.len());
     }
 
     #[test]
@@ -537,18 +385,10 @@ mod tests {
                 thread::spawn(move || {
                     for i in 0..10_000u64 {
                         let ptr = (t << 40) | (i << 8);
-                        let block = Block {
-                            device: 0,
-                            size: i,
-                            caller: 0,
-                            memory: Memory::Device,
-                        };
+                        let block = Block { device: 0, size: i, caller: 0, memory: Memory::Device };
                         assert_eq!(map.insert(ptr, block), None);
                         if i % 2 == 0 {
-                            assert_eq!(
-                                map.claim_for_free(ptr, MemoryKind::Device),
-                                Claim::Live(block)
-                            );
+                            assert_eq!(map.claim_for_free(ptr, MemoryKind::Device), Claim::Live(block));
                             map.returned(ptr);
                         }
                     }

@@ -82,35 +82,33 @@ impl Reclaimer {
         if self.stop.load(SeqCst) {
             return false; // after the exit handler: frees are reclaimed by allocations
         }
-        let spawned = thread::Builder::new()
-            .name("somashim".into())
-            .spawn(move || {
-                while !self.stop.load(SeqCst) {
-                    self.work.store(false, SeqCst);
-                    let activity = {
-                        let _step = lock(&self.step);
-                        step()
-                    };
-                    match activity {
-                        Activity::PastLimit => {
-                            thread::sleep(POLL);
-                            continue;
-                        }
-                        Activity::Pending(ordering) => {
-                            // Its driver calls compete with the program's: ordering takes
-                            // at most a tenth of the time.
-                            thread::sleep(POLL.max(ordering * BUSY_SHARE).min(MAX_POLL));
-                            continue;
-                        }
-                        Activity::Idle => {}
+        let spawned = thread::Builder::new().name("somashim".into()).spawn(move || {
+            while !self.stop.load(SeqCst) {
+                self.work.store(false, SeqCst);
+                let activity = {
+                    let _step = lock(&self.step);
+                    step()
+                };
+                match activity {
+                    Activity::PastLimit => {
+                        thread::sleep(POLL);
+                        continue;
                     }
-                    self.sleeping.store(true, SeqCst);
-                    if !self.work.load(SeqCst) && !self.stop.load(SeqCst) {
-                        thread::park_timeout(IDLE);
+                    Activity::Pending(ordering) => {
+                        // Its driver calls compete with the program's: ordering takes
+                        // at most a tenth of the time.
+                        thread::sleep(POLL.max(ordering * BUSY_SHARE).min(MAX_POLL));
+                        continue;
                     }
-                    self.sleeping.store(false, SeqCst);
+                    Activity::Idle => {}
                 }
-            });
+                self.sleeping.store(true, SeqCst);
+                if !self.work.load(SeqCst) && !self.stop.load(SeqCst) {
+                    thread::park_timeout(IDLE);
+                }
+                self.sleeping.store(false, SeqCst);
+            }
+        });
         match spawned {
             Ok(handle) => {
                 *thread = Some(handle);
@@ -118,9 +116,7 @@ impl Reclaimer {
                 true
             }
             Err(e) => {
-                log::warn!(
-                    "cannot start the reclaimer thread ({e}): allocations reclaim frees themselves"
-                );
+                log::warn!("cannot start the reclaimer thread ({e}): allocations reclaim frees themselves");
                 false
             }
         }
@@ -160,10 +156,7 @@ impl Reclaimer {
     /// so that the child inherits no lock held by a thread it will not have.
     pub fn before_fork(&self) -> ForkPause<'_> {
         let step = lock(&self.step);
-        ForkPause {
-            _step: step,
-            thread: lock(&self.thread),
-        }
+        ForkPause { _step: step, thread: lock(&self.thread) }
     }
 }
 

@@ -80,12 +80,7 @@ impl SharedBlocks {
     /// Exports the live block at `base`: the secret of its handle (the same
     /// for every export of one allocation, as the real handle is), and the
     /// block; None if `base` is not a live block of the pool's.
-    pub fn export(
-        &self,
-        map: &PointerMap,
-        base: u64,
-        new_secret: impl FnOnce() -> Option<Secret>,
-    ) -> Option<(Secret, Block)> {
+    pub fn export(&self, map: &PointerMap, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
         let mut table = lock(&self.table);
         let (block, shared_before) = map.share(base)?;
         let secret = match table.get(&base) {
@@ -94,15 +89,7 @@ impl SharedBlocks {
             // (Without a secret it stays marked shared and unexported: a later export draws one.)
             _ => {
                 let secret = new_secret()?;
-                table.insert(
-                    base,
-                    SharedBlock {
-                        secret,
-                        device: block.device,
-                        leases: 0,
-                        held: None,
-                    },
-                );
+                table.insert(base, SharedBlock { secret, device: block.device, leases: 0, held: None });
                 secret
             }
         };
@@ -113,9 +100,7 @@ impl SharedBlocks {
     /// is the live allocation that export named.
     pub fn lease(&self, map: &PointerMap, base: u64, secret: &Secret) -> Option<Block> {
         let mut table = lock(&self.table);
-        let export = table
-            .get_mut(&base)
-            .filter(|export| export.held.is_none() && same_secret(&export.secret, secret))?;
+        let export = table.get_mut(&base).filter(|export| export.held.is_none() && same_secret(&export.secret, secret))?;
         // Checked under the table's lock: a free marks the block pending
         // before it takes the lock, so it either sees this lease or it is seen.
         let block = map.live_shared_block(base)?;
@@ -146,9 +131,7 @@ impl SharedBlocks {
     /// touches nothing: a new export there has another secret.
     pub fn lease_ended(&self, base: u64, secret: &Secret) -> Option<Block> {
         let mut table = lock(&self.table);
-        let export = table
-            .get_mut(&base)
-            .filter(|export| same_secret(&export.secret, secret))?;
+        let export = table.get_mut(&base).filter(|export| same_secret(&export.secret, secret))?;
         export.leases = export.leases.saturating_sub(1);
         if export.leases > 0 || export.held.is_none() {
             return None;
@@ -176,21 +159,11 @@ fn same_secret(a: &Secret, b: &Secret) -> bool {
 mod tests {
     use super::*;
 
-    const B: Block = Block {
-        device: 0,
-        size: 4096,
-        caller: 0,
-        memory: crate::core::ptrmap::Memory::Device,
-    };
+    const B: Block = Block { device: 0, size: 4096, caller: 0, memory: crate::core::ptrmap::Memory::Device };
 
     #[test]
     fn a_handle_survives_its_bytes_and_other_bytes_are_not_one() {
-        let handle = IpcHandle {
-            pid: 42,
-            endpoint: 0x0123_4567_89ab_cdef,
-            base: 0x7f00_0000_0000,
-            secret: [7; 32],
-        };
+        let handle = IpcHandle { pid: 42, endpoint: 0x0123_4567_89ab_cdef, base: 0x7f00_0000_0000, secret: [7; 32] };
         let bytes = handle.encode();
         assert_eq!(IpcHandle::decode(&bytes), Some(handle));
         assert_eq!(IpcHandle::decode(&[0; 64]), None);
@@ -209,18 +182,10 @@ mod tests {
         assert!(!shared.freed(0x1000, B), "no lease: freed at once");
         map.returned(0x1000);
         map.insert(0x1000, B);
-        assert_eq!(
-            shared.lease(&map, 0x1000, &[1; 32]),
-            None,
-            "a stale handle opens nothing"
-        );
+        assert_eq!(shared.lease(&map, 0x1000, &[1; 32]), None, "a stale handle opens nothing");
         let (new, _) = shared.export(&map, 0x1000, || Some([3; 32])).unwrap();
         assert_eq!(new, [3; 32]);
-        assert_eq!(
-            shared.export(&map, 0x2000, || Some([4; 32])),
-            None,
-            "not a pool block"
-        );
+        assert_eq!(shared.export(&map, 0x2000, || Some([4; 32])), None, "not a pool block");
     }
 
     #[test]
@@ -228,40 +193,17 @@ mod tests {
         let (map, shared) = (PointerMap::default(), SharedBlocks::default());
         map.insert(0x1000, B);
         let (secret, _) = shared.export(&map, 0x1000, || Some([9; 32])).unwrap();
-        assert_eq!(
-            shared.lease(&map, 0x1000, &[8; 32]),
-            None,
-            "a forged secret"
-        );
+        assert_eq!(shared.lease(&map, 0x1000, &[8; 32]), None, "a forged secret");
         let mut last_byte_wrong = [9; 32];
         last_byte_wrong[31] = 8;
-        assert_eq!(
-            shared.lease(&map, 0x1000, &last_byte_wrong),
-            None,
-            "one byte off"
-        );
+        assert_eq!(shared.lease(&map, 0x1000, &last_byte_wrong), None, "one byte off");
         assert_eq!(shared.lease(&map, 0x1000, &secret), Some(B));
         assert_eq!(shared.lease(&map, 0x1000, &secret), Some(B));
-        assert_eq!(
-            shared.lease_ended(0x1000, &secret),
-            None,
-            "not freed: nothing to do"
-        );
-        assert_eq!(
-            map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device),
-            crate::core::ptrmap::Claim::Shared(B)
-        );
+        assert_eq!(shared.lease_ended(0x1000, &secret), None, "not freed: nothing to do");
+        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
         assert!(shared.freed(0x1000, B), "leased: held");
-        assert_eq!(
-            shared.lease(&map, 0x1000, &secret),
-            None,
-            "freed: no new lease"
-        );
-        assert_eq!(
-            shared.lease_ended(0x1000, &secret),
-            Some(B),
-            "the last lease frees it"
-        );
+        assert_eq!(shared.lease(&map, 0x1000, &secret), None, "freed: no new lease");
+        assert_eq!(shared.lease_ended(0x1000, &secret), Some(B), "the last lease frees it");
         assert_eq!(shared.lease_ended(0x1000, &secret), None);
     }
 
@@ -271,26 +213,16 @@ mod tests {
         map.insert(0x1000, B);
         let (old, _) = shared.export(&map, 0x1000, || Some([1; 32])).unwrap();
         assert_eq!(shared.lease(&map, 0x1000, &old), Some(B));
-        assert_eq!(
-            map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device),
-            crate::core::ptrmap::Claim::Shared(B)
-        );
+        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
         assert!(shared.freed(0x1000, B), "leased: held");
         shared.forget_device(0);
         map.take_device(0);
         map.insert(0x1000, B); // the new pool hands the address out again
-        assert_eq!(
-            shared.lease_ended(0x1000, &old),
-            None,
-            "the held block went with the reset"
-        );
+        assert_eq!(shared.lease_ended(0x1000, &old), None, "the held block went with the reset");
         let (new, _) = shared.export(&map, 0x1000, || Some([2; 32])).unwrap();
         assert_eq!(shared.lease(&map, 0x1000, &new), Some(B));
         assert_eq!(shared.lease_ended(0x1000, &old), None, "an old lease");
-        assert_eq!(
-            map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device),
-            crate::core::ptrmap::Claim::Shared(B)
-        );
+        assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
         assert!(shared.freed(0x1000, B), "the new lease still holds it");
     }
 }

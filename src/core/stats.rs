@@ -212,8 +212,7 @@ impl Stats {
     /// Returns the bytes still in use.
     pub fn no_longer_in_use(&self, ordinal: i32, host: bool, size: u64) -> u64 {
         let in_use = &self.counters(ordinal, host).in_use;
-        let (Ok(previous) | Err(previous)) =
-            in_use.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(size)));
+        let (Ok(previous) | Err(previous)) = in_use.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(size)));
         previous.saturating_sub(size)
     }
 
@@ -227,29 +226,13 @@ impl Stats {
     /// allocated, then what passed through, the host time per call, and the
     /// trace's rows that could not be written, if any. `peaks` gives the
     /// pool's figures for a device (or its host pool), where they could be read.
-    pub fn report(
-        &self,
-        pid: u32,
-        trace_rows_lost: u64,
-        peaks: impl Fn(i32, bool) -> Option<PoolPeaks>,
-    ) -> String {
+    pub fn report(&self, pid: u32, trace_rows_lost: u64, peaks: impl Fn(i32, bool) -> Option<PoolPeaks>) -> String {
         let mut out = format!("somashim statistics (pid {pid})\n");
-        let devices = self
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(ordinal, d)| (ordinal, d, false));
-        let hosts = self
-            .hosts
-            .iter()
-            .enumerate()
-            .map(|(ordinal, d)| (ordinal, d, true));
+        let devices = self.devices.iter().enumerate().map(|(ordinal, d)| (ordinal, d, false));
+        let hosts = self.hosts.iter().enumerate().map(|(ordinal, d)| (ordinal, d, true));
         for (ordinal, d, host) in devices.chain(hosts) {
             let allocs = d.total(|t| &t.pool_allocs);
-            if allocs == 0
-                && d.oom_fallbacks.load(Relaxed) == 0
-                && d.limit_refusals.load(Relaxed) == 0
-            {
+            if allocs == 0 && d.oom_fallbacks.load(Relaxed) == 0 && d.limit_refusals.load(Relaxed) == 0 {
                 continue;
             }
             if host {
@@ -257,25 +240,11 @@ impl Stats {
             } else {
                 let _ = writeln!(out, "device {ordinal}");
             }
-            row(
-                &mut out,
-                "pool allocations",
-                allocs,
-                d.total(|t| &t.pool_alloc_bytes),
-            );
-            row(
-                &mut out,
-                "pool frees",
-                d.total(|t| &t.pool_frees),
-                d.total(|t| &t.pool_free_bytes),
-            );
+            row(&mut out, "pool allocations", allocs, d.total(|t| &t.pool_alloc_bytes));
+            row(&mut out, "pool frees", d.total(|t| &t.pool_frees), d.total(|t| &t.pool_free_bytes));
             figure(&mut out, "in use now", d.in_use.load(Relaxed));
             figure(&mut out, "peak in use (shim)", d.peak_in_use.load(Relaxed));
-            figure(
-                &mut out,
-                "peak freed, not yet reused",
-                d.peak_held.load(Relaxed),
-            );
+            figure(&mut out, "peak freed, not yet reused", d.peak_held.load(Relaxed));
             match peaks(ordinal as i32, host) {
                 Some(p) => {
                     figure(&mut out, "peak in use (pool)", p.used_high);
@@ -285,86 +254,33 @@ impl Stats {
                     let _ = writeln!(out, "  {:<28}{:>12}", "peak reserved (pool)", "unavailable");
                 }
             }
-            count(
-                &mut out,
-                "frees on the legacy stream",
-                d.total(|t| &t.legacy_stream_frees),
-            );
-            count(
-                &mut out,
-                "frees kept in legacy order",
-                d.total(|t| &t.legacy_cached_frees),
-            );
-            count(
-                &mut out,
-                "frees kept after a mark",
-                d.total(|t| &t.legacy_marked_frees),
-            );
-            count(
-                &mut out,
-                "frees behind barriers",
-                d.total(|t| &t.barrier_frees),
-            );
-            count(
-                &mut out,
-                "frees joined in batches",
-                d.total(|t| &t.queued_frees),
-            );
+            count(&mut out, "frees on the legacy stream", d.total(|t| &t.legacy_stream_frees));
+            count(&mut out, "frees kept in legacy order", d.total(|t| &t.legacy_cached_frees));
+            count(&mut out, "frees kept after a mark", d.total(|t| &t.legacy_marked_frees));
+            count(&mut out, "frees behind barriers", d.total(|t| &t.barrier_frees));
+            count(&mut out, "frees joined in batches", d.total(|t| &t.queued_frees));
             let batches = d.batches.load(Relaxed);
             count(&mut out, "batches ordered", batches);
-            count(
-                &mut out,
-                "batches past the limit",
-                d.limit_barriers.load(Relaxed),
-            );
+            count(&mut out, "batches past the limit", d.limit_barriers.load(Relaxed));
             if batches > 0 {
-                count(
-                    &mut out,
-                    "non-blocking streams, most",
-                    d.batch_streams_high.load(Relaxed),
-                );
+                count(&mut out, "non-blocking streams, most", d.batch_streams_high.load(Relaxed));
                 let asked = d.streams_asked.load(Relaxed) as f64 / batches as f64;
                 let _ = writeln!(out, "  {:<28}{asked:>12.1}", "streams asked per batch");
                 let us = d.batch_nanos.load(Relaxed) as f64 / batches as f64 / 1000.0;
                 let _ = writeln!(out, "  {:<28}{us:>9.2} us", "host time ordering a batch");
             }
-            count(
-                &mut out,
-                "allocations from the cache",
-                d.total(|t| &t.cache_hits),
-            );
-            count(
-                &mut out,
-                "waits for pending frees",
-                d.pending_waits.load(Relaxed),
-            );
-            count(
-                &mut out,
-                "out-of-memory retries",
-                d.oom_retries.load(Relaxed),
-            );
-            count(
-                &mut out,
-                "out-of-memory fallbacks",
-                d.oom_fallbacks.load(Relaxed),
-            );
-            count(
-                &mut out,
-                "refused over memory limit",
-                d.limit_refusals.load(Relaxed),
-            );
+            count(&mut out, "allocations from the cache", d.total(|t| &t.cache_hits));
+            count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
+            count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
+            count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));
+            count(&mut out, "refused over memory limit", d.limit_refusals.load(Relaxed));
         }
         out.push_str("passed through to the real allocator\n");
         let mut any = false;
         for (i, reason) in REASONS.iter().enumerate() {
             let calls = self.passed_allocs[i].load(Relaxed);
             if calls > 0 {
-                row(
-                    &mut out,
-                    &format!("{reason:?}"),
-                    calls,
-                    self.passed_bytes[i].load(Relaxed),
-                );
+                row(&mut out, &format!("{reason:?}"), calls, self.passed_bytes[i].load(Relaxed));
                 any = true;
             }
         }
@@ -389,18 +305,11 @@ impl Stats {
             ("cudaFreeHost/cuMemFreeHost", &self.host_free_time),
         ] {
             if let Some(us) = timing.mean_us() {
-                let _ = writeln!(
-                    out,
-                    "  {name:<28}{us:>9.2} us  ({} calls)",
-                    timing.sum(|s| &s.calls)
-                );
+                let _ = writeln!(out, "  {name:<28}{us:>9.2} us  ({} calls)", timing.sum(|s| &s.calls));
             }
         }
         if trace_rows_lost > 0 {
-            let _ = writeln!(
-                out,
-                "trace incomplete: {trace_rows_lost} rows lost (writing it failed)"
-            );
+            let _ = writeln!(out, "trace incomplete: {trace_rows_lost} rows lost (writing it failed)");
         }
         out
     }
@@ -418,8 +327,7 @@ pub fn raise_peak(peak: &AtomicU64, value: u64) {
 /// than wrapping: requests of `SIZE_MAX` bytes are real (and fail), and two of
 /// them must not read as a small figure.
 pub fn add_saturating(counter: &AtomicU64, n: u64) -> u64 {
-    let (Ok(previous) | Err(previous)) =
-        counter.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_add(n)));
+    let (Ok(previous) | Err(previous)) = counter.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_add(n)));
     previous.saturating_add(n)
 }
 
@@ -465,11 +373,7 @@ mod tests {
         assert_eq!(stats.pooled_alloc(0, false, 100), 100);
         assert_eq!(stats.pooled_alloc(0, false, 50), 150);
         assert_eq!(stats.pooled_free(0, false, 100), 50);
-        assert_eq!(
-            stats.pooled_alloc(1, false, 10),
-            10,
-            "devices are counted apart"
-        );
+        assert_eq!(stats.pooled_alloc(1, false, 10), 10, "devices are counted apart");
         let d = stats.device(0);
         assert_eq!(d.peak_in_use.load(Relaxed), 150);
         assert_eq!(d.in_use.load(Relaxed), 50);
@@ -492,59 +396,23 @@ mod tests {
         add_saturating(&d.streams_asked, 5);
         stats.waits_before_work.fetch_add(4, Relaxed);
         let report = stats.report(7, 0, |d, host| {
-            (d == 1 && !host).then_some(PoolPeaks {
-                used_high: 3 << 20,
-                reserved_high: 32 << 20,
-            })
+            (d == 1 && !host).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 })
         });
-        assert!(
-            report.starts_with("somashim statistics (pid 7)\n"),
-            "{report}"
-        );
+        assert!(report.starts_with("somashim statistics (pid 7)\n"), "{report}");
         assert!(report.contains("device 1\n"), "{report}");
-        assert!(
-            !report.contains("\ndevice 0\n"),
-            "idle devices are left out: {report}"
-        );
-        assert!(
-            report.contains("pinned host memory (device 0)\n"),
-            "{report}"
-        );
-        assert!(
-            report.contains("pool allocations") && report.contains("3.0 MiB"),
-            "{report}"
-        );
-        assert!(
-            report.contains("peak reserved (pool)") && report.contains("32.0 MiB"),
-            "{report}"
-        );
-        assert!(
-            report.contains("ZeroSize")
-                && report.contains("SizeOutOfRange")
-                && report.contains("5.0 GiB")
-        );
+        assert!(!report.contains("\ndevice 0\n"), "idle devices are left out: {report}");
+        assert!(report.contains("pinned host memory (device 0)\n"), "{report}");
+        assert!(report.contains("pool allocations") && report.contains("3.0 MiB"), "{report}");
+        assert!(report.contains("peak reserved (pool)") && report.contains("32.0 MiB"), "{report}");
+        assert!(report.contains("ZeroSize") && report.contains("SizeOutOfRange") && report.contains("5.0 GiB"));
         assert!(report.contains("frees of other pointers"), "{report}");
         assert!(report.contains("1.50 us"), "{report}");
-        assert!(
-            report.contains("  non-blocking streams, most           131\n"),
-            "{report}"
-        );
-        assert!(
-            report.contains("  host time ordering a batch     450.00 us\n"),
-            "{report}"
-        );
-        assert!(
-            report.contains("  streams asked per batch              2.5\n"),
-            "{report}"
-        );
-        assert!(
-            report.contains("streams\n  barrier waits before work              4\n"),
-            "{report}"
-        );
+        assert!(report.contains("  non-blocking streams, most           131\n"), "{report}");
+        assert!(report.contains("  host time ordering a batch     450.00 us\n"), "{report}");
+        assert!(report.contains("  streams asked per batch              2.5\n"), "{report}");
+        assert!(report.contains("streams\n  barrier waits before work              4\n"), "{report}");
         assert!(!report.contains("trace incomplete"), "{report}");
-        assert!(stats
-            .report(7, 12, |_, _| None)
-            .ends_with("trace incomplete: 12 rows lost (writing it failed)\n"));
+        assert!(stats.report(7, 12, |_, _| None).ends_with("trace incomplete: 12 rows lost (writing it failed)\n"));
     }
 
     #[test]
@@ -569,16 +437,9 @@ mod tests {
         let stats = Stats::default();
         stats.passed_through(Passthrough::PoolOutOfMemory, u64::MAX);
         stats.passed_through(Passthrough::PoolOutOfMemory, u64::MAX);
-        assert_eq!(
-            stats.passed_bytes[reason_index(Passthrough::PoolOutOfMemory)].load(Relaxed),
-            u64::MAX
-        );
+        assert_eq!(stats.passed_bytes[reason_index(Passthrough::PoolOutOfMemory)].load(Relaxed), u64::MAX);
         assert_eq!(stats.pooled_alloc(0, false, u64::MAX - 1), u64::MAX - 1);
-        assert_eq!(
-            stats.pooled_alloc(0, false, 2),
-            u64::MAX,
-            "in use stops at the top"
-        );
+        assert_eq!(stats.pooled_alloc(0, false, 2), u64::MAX, "in use stops at the top");
         assert_eq!(stats.device(0).total(|t| &t.pool_alloc_bytes), u64::MAX);
         assert_eq!(stats.pooled_free(1, false, 5), 0, "in use stops at zero");
         stats.alloc_time.add(u64::MAX);

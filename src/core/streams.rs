@@ -238,9 +238,7 @@ impl SideWork {
     /// Whether device `ordinal` may have work off the legacy stream not yet
     /// marked there.
     pub fn unmarked(&self, ordinal: i32) -> bool {
-        self.blind()
-            || device_bit(ordinal)
-                .is_none_or(|bit| self.unmarked.load(Ordering::Acquire) & bit != 0)
+        self.blind() || device_bit(ordinal).is_none_or(|bit| self.unmarked.load(Ordering::Acquire) & bit != 0)
     }
 
     /// Orders a block kept in device `ordinal`'s legacy stream order after
@@ -255,19 +253,11 @@ impl SideWork {
     /// `order_kept`, with `looked` run where a free that found the bit clear
     /// has looked at it and not yet checked the frees in flight: a test's
     /// way to land another thread's steps there.
-    fn order_kept_seen(
-        &self,
-        ordinal: i32,
-        mark: impl FnOnce() -> bool,
-        looked: impl FnOnce(),
-    ) -> Option<bool> {
+    fn order_kept_seen(&self, ordinal: i32, mark: impl FnOnce() -> bool, looked: impl FnOnce()) -> Option<bool> {
         let (Some(bit), false) = (device_bit(ordinal), self.blind()) else {
             return mark().then_some(true);
         };
-        let (marking, failed) = (
-            &self.marking[ordinal as usize],
-            &self.failed[ordinal as usize],
-        );
+        let (marking, failed) = (&self.marking[ordinal as usize], &self.failed[ordinal as usize]);
         // Counted before the bit is taken: a free that then finds it clear
         // sees the count until this mark is recorded, and a failure (counted
         // before the count drops) once it has failed.
@@ -278,8 +268,7 @@ impl SideWork {
             looked();
             marking.fetch_sub(1, Ordering::SeqCst);
             // The free that took the bit has recorded its mark.
-            if marking.load(Ordering::SeqCst) == 0 && failed.load(Ordering::SeqCst) == failed_before
-            {
+            if marking.load(Ordering::SeqCst) == 0 && failed.load(Ordering::SeqCst) == failed_before {
                 return Some(false);
             }
         }
@@ -298,20 +287,12 @@ impl SideWork {
     /// runs anyway (a free there), as a mark: once it has succeeded, the
     /// work off the legacy stream before it is marked, and a block kept
     /// later needs no mark for that work.
-    pub fn issue_as_mark<T, E>(
-        &self,
-        ordinal: i32,
-        op: impl FnOnce() -> Result<T, E>,
-    ) -> Result<T, E> {
-        let bit = device_bit(ordinal)
-            .filter(|&bit| !self.blind() && self.unmarked.load(Ordering::Acquire) & bit != 0);
+    pub fn issue_as_mark<T, E>(&self, ordinal: i32, op: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let bit = device_bit(ordinal).filter(|&bit| !self.blind() && self.unmarked.load(Ordering::Acquire) & bit != 0);
         let Some(bit) = bit else {
             return op(); // nothing to mark
         };
-        let (marking, failed) = (
-            &self.marking[ordinal as usize],
-            &self.failed[ordinal as usize],
-        );
+        let (marking, failed) = (&self.marking[ordinal as usize], &self.failed[ordinal as usize]);
         // As in `order_kept_seen`: counted before the bit is taken, and a
         // failure counted before the count drops.
         marking.fetch_add(1, Ordering::SeqCst);
@@ -333,9 +314,7 @@ impl SideWork {
 /// Device `ordinal`'s bit in `SideWork::unmarked`; a device past the 64th
 /// has none and always marks.
 fn device_bit(ordinal: i32) -> Option<u64> {
-    u32::try_from(ordinal)
-        .ok()
-        .and_then(|ordinal| 1u64.checked_shl(ordinal))
+    u32::try_from(ordinal).ok().and_then(|ordinal| 1u64.checked_shl(ordinal))
 }
 
 /// A capture in progress: the stream's handle and, for the per-thread
@@ -346,11 +325,7 @@ pub fn capture_key(stream: Stream) -> CaptureKey {
     const PER_THREAD: usize = 2; // cudaStreamPerThread / CU_STREAM_PER_THREAD
     let handle = stream.0 as usize;
     // SAFETY: pthread_self has no preconditions.
-    let thread = if handle == PER_THREAD {
-        (unsafe { libc::pthread_self() }) as u64
-    } else {
-        0
-    };
+    let thread = if handle == PER_THREAD { (unsafe { libc::pthread_self() }) as u64 } else { 0 };
     (handle, thread)
 }
 
@@ -382,10 +357,7 @@ impl StreamRegistry {
                 barriers: Arc::clone(&streams.barriers),
             })
         });
-        streams.nonblocking.push(LiveStream {
-            stream,
-            work: work.clone(),
-        });
+        streams.nonblocking.push(LiveStream { stream, work: work.clone() });
         let live = streams.nonblocking.len();
         if let Some(work) = work {
             self.work.insert(stream.0 as usize, work);
@@ -396,10 +368,7 @@ impl StreamRegistry {
     /// Forgets the live non-blocking `stream`: its context and streams, if it was one.
     pub fn remove(&mut self, stream: Stream) -> Option<(Context, &mut ContextStreams)> {
         self.work.remove(&(stream.0 as usize));
-        let (context, streams) = self
-            .contexts
-            .iter_mut()
-            .find(|(_, streams)| streams.holds(stream))?;
+        let (context, streams) = self.contexts.iter_mut().find(|(_, streams)| streams.holds(stream))?;
         streams.nonblocking.retain(|live| live.stream != stream);
         Some((*context, streams))
     }
@@ -417,20 +386,13 @@ impl StreamRegistry {
                 tails: &streams.tails,
                 barriers: Some(&streams.barriers),
             },
-            None => Predecessors {
-                nonblocking: &[],
-                tails: &[],
-                barriers: None,
-            },
+            None => Predecessors { nonblocking: &[], tails: &[], barriers: None },
         }
     }
 
     /// The streams of `context`, if any was registered.
     pub fn streams_of(&self, context: Context) -> Option<&ContextStreams> {
-        self.contexts
-            .iter()
-            .find(|(c, _)| *c == context)
-            .map(|(_, streams)| streams)
+        self.contexts.iter().find(|(c, _)| *c == context).map(|(_, streams)| streams)
     }
 
     /// Drops the tails of `context` that `passed` holds.
@@ -442,10 +404,7 @@ impl StreamRegistry {
         let work = &mut self.work;
         self.contexts.retain(|(c, streams)| {
             if *c == context {
-                streams
-                    .nonblocking
-                    .iter()
-                    .for_each(|live| _ = work.remove(&(live.stream.0 as usize)));
+                streams.nonblocking.iter().for_each(|live| _ = work.remove(&(live.stream.0 as usize)));
             }
             *c != context
         });
@@ -471,9 +430,7 @@ impl Hasher for HandleHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        bytes
-            .iter()
-            .for_each(|&byte| self.write_usize(self.0 as usize ^ usize::from(byte)));
+        bytes.iter().for_each(|&byte| self.write_usize(self.0 as usize ^ usize::from(byte)));
     }
 
     fn write_usize(&mut self, handle: usize) {
@@ -495,53 +452,24 @@ mod tests {
             ok
         };
         assert!(side.unmarked(0), "nothing reported yet");
-        assert_eq!(
-            side.order_kept(0, || mark(true)),
-            Some(true),
-            "nothing reported yet: every free marks"
-        );
+        assert_eq!(side.order_kept(0, || mark(true)), Some(true), "nothing reported yet: every free marks");
         let null = Stream(std::ptr::null_mut());
         side.issued(&[Stream::LEGACY, null], NullStream::Legacy);
-        assert!(
-            !side.unmarked(0) && !side.unmarked(1),
-            "the legacy stream's work alone"
-        );
+        assert!(!side.unmarked(0) && !side.unmarked(1), "the legacy stream's work alone");
         assert_eq!(side.order_kept(0, || mark(true)), Some(false));
         side.issued(&[null], NullStream::PerThread);
-        assert!(
-            side.unmarked(0) && side.unmarked(1),
-            "a per-thread call's null stream is not the legacy stream"
-        );
+        assert!(side.unmarked(0) && side.unmarked(1), "a per-thread call's null stream is not the legacy stream");
         assert_eq!(side.order_kept(0, || mark(true)), Some(true));
-        assert!(
-            !side.unmarked(0) && side.unmarked(1),
-            "marked on device 0 only"
-        );
+        assert!(!side.unmarked(0) && side.unmarked(1), "marked on device 0 only");
         side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
         assert_eq!(side.order_kept(0, || mark(false)), None, "a failed mark");
-        assert_eq!(
-            side.order_kept(0, || mark(true)),
-            Some(true),
-            "a failed mark covers nothing"
-        );
-        assert_eq!(
-            side.order_kept(0, || mark(true)),
-            Some(false),
-            "once marked, nothing until more work"
-        );
-        assert_eq!(
-            side.order_kept(64, || mark(true)),
-            Some(true),
-            "past the 64th device: always marks"
-        );
+        assert_eq!(side.order_kept(0, || mark(true)), Some(true), "a failed mark covers nothing");
+        assert_eq!(side.order_kept(0, || mark(true)), Some(false), "once marked, nothing until more work");
+        assert_eq!(side.order_kept(64, || mark(true)), Some(true), "past the 64th device: always marks");
         assert_eq!(marks.get(), 5);
         side.passes_unseen();
         assert!(side.unmarked(0));
-        assert_eq!(
-            side.order_kept(0, || mark(true)),
-            Some(true),
-            "work may pass the hooks: every free marks"
-        );
+        assert_eq!(side.order_kept(0, || mark(true)), Some(true), "work may pass the hooks: every free marks");
     }
 
     /// A free that finds the bit clear while the free that took it has not
@@ -552,19 +480,11 @@ mod tests {
         side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
         let during = side.order_kept(0, || {
             let inner = side.order_kept(0, || true);
-            assert_eq!(
-                inner,
-                Some(true),
-                "the bit was taken, its mark not yet recorded"
-            );
+            assert_eq!(inner, Some(true), "the bit was taken, its mark not yet recorded");
             true
         });
         assert_eq!(during, Some(true));
-        assert_eq!(
-            side.order_kept(0, || true),
-            Some(false),
-            "both recorded: none needed"
-        );
+        assert_eq!(side.order_kept(0, || true), Some(false), "both recorded: none needed");
         side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
         let failed = side.order_kept(0, || {
             assert_eq!(side.order_kept(0, || false), None);
@@ -607,18 +527,10 @@ mod tests {
                 let mut failing = Some(failing);
                 let looked = || {
                     resume_tx.send(()).expect("the failing free waits");
-                    failing
-                        .take()
-                        .expect("once")
-                        .join()
-                        .expect("its mark failed");
+                    failing.take().expect("once").join().expect("its mark failed");
                 };
                 let marked = side.order_kept_seen(0, || true, looked);
-                assert_eq!(
-                    marked,
-                    Some(true),
-                    "the failed mark is not relied on (by a free: {by_free})"
-                );
+                assert_eq!(marked, Some(true), "the failed mark is not relied on (by a free: {by_free})");
             });
         }
     }
@@ -627,29 +539,15 @@ mod tests {
     fn an_operation_on_the_legacy_stream_after_the_work_off_it_marks_that_work() {
         let side = SideWork::default();
         side.issued(&[Stream(16 as *mut _)], NullStream::Legacy);
-        assert_eq!(
-            side.issue_as_mark(0, || Err::<(), _>("failed")),
-            Err("failed")
-        );
+        assert_eq!(side.issue_as_mark(0, || Err::<(), _>("failed")), Err("failed"));
         assert!(side.unmarked(0), "a failed operation marks nothing");
         let during = side.issue_as_mark(0, || {
-            assert_eq!(
-                side.order_kept(0, || true),
-                Some(true),
-                "until it is issued, a kept free marks"
-            );
+            assert_eq!(side.order_kept(0, || true), Some(true), "until it is issued, a kept free marks");
             Ok::<_, ()>(7)
         });
         assert_eq!(during, Ok(7));
-        assert!(
-            !side.unmarked(0) && side.unmarked(1),
-            "issued on device 0: its work is marked there"
-        );
-        assert_eq!(
-            side.order_kept(0, || true),
-            Some(false),
-            "a block kept now needs no mark"
-        );
+        assert!(!side.unmarked(0) && side.unmarked(1), "issued on device 0: its work is marked there");
+        assert_eq!(side.order_kept(0, || true), Some(false), "a block kept now needs no mark");
     }
 
     fn tracked_stream() -> (StreamRegistry, Arc<StreamWork>, Arc<Barriers>) {
@@ -665,11 +563,7 @@ mod tests {
     #[test]
     fn each_pool_sees_a_stream_settle_on_its_own() {
         let (_registry, work, _) = tracked_stream();
-        assert_eq!(
-            work.unsettled(Observer::Device),
-            None,
-            "a new stream has no work"
-        );
+        assert_eq!(work.unsettled(Observer::Device), None, "a new stream has no work");
         work.starting();
         work.issued();
         let issued = work.unsettled(Observer::Device).expect("work issued");
@@ -677,25 +571,16 @@ mod tests {
         work.starting(); // while the device pool asks: not covered by its answer
         work.issued();
         work.found_idle(Observer::Device, issued);
-        assert!(
-            work.unsettled(Observer::Device).is_some(),
-            "work issued while asking is asked about next time"
-        );
+        assert!(work.unsettled(Observer::Device).is_some(), "work issued while asking is asked about next time");
         let issued = work.unsettled(Observer::Device).expect("unsettled");
         work.found_idle(Observer::Device, issued);
         assert_eq!(work.unsettled(Observer::Device), None);
-        assert!(
-            work.unsettled(Observer::Host).is_some(),
-            "the host pool has not seen it idle"
-        );
+        assert!(work.unsettled(Observer::Host).is_some(), "the host pool has not seen it idle");
         work.starting(); // a call in flight: its work may not be on the stream yet
         let in_flight = work.unsettled(Observer::Device).expect("asked");
         work.found_idle(Observer::Device, in_flight);
         work.issued();
-        assert!(
-            work.unsettled(Observer::Device).is_some(),
-            "an idle answer during a call marks nothing"
-        );
+        assert!(work.unsettled(Observer::Device).is_some(), "an idle answer during a call marks nothing");
     }
 
     #[test]
@@ -710,11 +595,7 @@ mod tests {
         assert_eq!(work.owed_barrier(), None);
         barriers.published();
         barriers.published();
-        assert_eq!(
-            work.owed_barrier(),
-            Some((3, event)),
-            "one wait covers every barrier before it"
-        );
+        assert_eq!(work.owed_barrier(), Some((3, event)), "one wait covers every barrier before it");
         work.waited(2); // a slower thread's wait does not undo a later one
         work.waited(3);
         work.waited(2);
@@ -726,10 +607,7 @@ mod tests {
         let (mut registry, _, _) = tracked_stream();
         let context = Context(8 as *mut _);
         registry.add(context, Stream(24 as *mut _), false);
-        assert!(
-            registry.work_of(Stream(24 as *mut _)).is_none(),
-            "an untracked stream has no record"
-        );
+        assert!(registry.work_of(Stream(24 as *mut _)).is_none(), "an untracked stream has no record");
         registry.forget_context(context);
         assert!(registry.work_of(Stream(16 as *mut _)).is_none());
         assert!(registry.remove(Stream(16 as *mut _)).is_none());

@@ -89,30 +89,19 @@ impl Sink {
     fn create(path: String) -> (Sink, Option<std::io::Error>) {
         let output = output::create(&path).and_then(|file| {
             file.write_all_at(HEADER.as_bytes(), 0)?;
-            Ok(Output {
-                file,
-                length: HEADER.len() as u64,
-                warned: false,
-            })
+            Ok(Output { file, length: HEADER.len() as u64, warned: false })
         });
         let (output, error) = match output {
             Ok(output) => (Some(output), None),
             Err(e) => (None, Some(e)),
         };
-        let sink = Sink {
-            path,
-            output: Mutex::new(output),
-            buffers: Mutex::default(),
-            rows_lost: AtomicU64::new(0),
-        };
+        let sink = Sink { path, output: Mutex::new(output), buffers: Mutex::default(), rows_lost: AtomicU64::new(0) };
         (sink, error)
     }
 
     /// Appends `rows` (whole rows) to the file and empties the buffer.
     fn write_out(&self, rows: &mut Vec<u8>) {
-        let appended = lock(&self.output)
-            .as_mut()
-            .is_some_and(|output| output.append(rows, &self.path));
+        let appended = lock(&self.output).as_mut().is_some_and(|output| output.append(rows, &self.path));
         if !appended {
             let count = rows.iter().filter(|&&b| b == b'\n').count() as u64;
             self.rows_lost.fetch_add(count, Ordering::Relaxed);
@@ -134,9 +123,7 @@ impl Output {
                 // Part of them may have been written: cut back to the last whole row.
                 let _ = self.file.set_len(self.length);
                 if !std::mem::replace(&mut self.warned, true) {
-                    log::warn!(
-                        "writing the trace to {path} failed: {e}; events that do not fit are lost"
-                    );
+                    log::warn!("writing the trace to {path} failed: {e}; events that do not fit are lost");
                 }
                 false
             }
@@ -149,11 +136,7 @@ impl Trace {
         match Sink::create(path.to_string()) {
             (sink, None) => {
                 let sink = AtomicPtr::new(Box::leak(Box::new(sink)));
-                Ok(Trace {
-                    path: path.to_string(),
-                    start: Instant::now(),
-                    sink,
-                })
+                Ok(Trace { path: path.to_string(), start: Instant::now(), sink })
             }
             (_, Some(e)) => Err(e),
         }
@@ -184,11 +167,7 @@ impl Trace {
             return; // the thread is exiting: the event is dropped
         };
         let mut buffer = lock(&buffer);
-        let _ = writeln!(
-            buffer,
-            "{time_us},{device},{},{size},{ptr:#x},{in_use},{reserved}",
-            op.name()
-        );
+        let _ = writeln!(buffer, "{time_us},{device},{},{size},{ptr:#x},{in_use},{reserved}", op.name());
         if buffer.len() >= FLUSH_AT {
             sink.write_out(&mut buffer);
         }
@@ -214,13 +193,9 @@ impl Trace {
         let path = output::in_child(&self.path, pid);
         let (sink, error) = Sink::create(path);
         if let Some(e) = error {
-            log::warn!(
-                "cannot write the trace to {}: {e}; this process's events are lost",
-                sink.path
-            );
+            log::warn!("cannot write the trace to {}: {e}; this process's events are lost", sink.path);
         }
-        self.sink
-            .store(Box::leak(Box::new(sink)), Ordering::Release);
+        self.sink.store(Box::leak(Box::new(sink)), Ordering::Release);
     }
 }
 
@@ -229,8 +204,7 @@ mod tests {
     use super::*;
 
     fn temp_path(name: &str) -> String {
-        let path =
-            std::env::temp_dir().join(format!("somashim-trace-{name}-{}.csv", std::process::id()));
+        let path = std::env::temp_dir().join(format!("somashim-trace-{name}-{}.csv", std::process::id()));
         path.to_str().unwrap().to_string()
     }
 
@@ -249,15 +223,8 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let rows: Vec<&str> = child_text.lines().collect();
         assert_eq!(rows.len(), 2, "{child_text}");
-        assert_eq!(
-            (rows[0], rows[1].contains(",0,free,1,0x1,0,2")),
-            (HEADER.trim_end(), true),
-            "{child_text}"
-        );
-        assert_eq!(
-            parent_text, HEADER,
-            "the parent's buffered row is the parent's to write"
-        );
+        assert_eq!((rows[0], rows[1].contains(",0,free,1,0x1,0,2")), (HEADER.trim_end(), true), "{child_text}");
+        assert_eq!(parent_text, HEADER, "the parent's buffered row is the parent's to write");
     }
 
     #[test]
@@ -266,11 +233,7 @@ mod tests {
         std::fs::write(&path, HEADER).unwrap();
         // A file open for reading only: every write fails.
         let file = File::open(&path).unwrap();
-        let output = Output {
-            file,
-            length: HEADER.len() as u64,
-            warned: false,
-        };
+        let output = Output { file, length: HEADER.len() as u64, warned: false };
         let sink = Sink {
             path: path.clone(),
             output: Mutex::new(Some(output)),
@@ -311,11 +274,6 @@ mod tests {
         let rows: Vec<&str> = lines.collect();
         assert_eq!(rows.len(), 4 * 5000 + 1);
         assert!(rows.iter().all(|r| r.split(',').count() == 7));
-        assert!(
-            rows.iter()
-                .any(|r| r.ends_with(",0,free,256,0xabc,0,2097152")),
-            "last row: {:?}",
-            rows.last()
-        );
+        assert!(rows.iter().any(|r| r.ends_with(",0,free,256,0xabc,0,2097152")), "last row: {:?}", rows.last());
     }
 }

@@ -77,28 +77,18 @@ mod tests {
     #[test]
     fn threads_freeing_in_turn_are_seen_within_a_hundred_frees_and_forgotten_once_one_is_left() {
         let turns = Turns::default();
-        let seen = (0..200)
-            .position(|i| turns.note(i % 4))
-            .expect("four threads in turn are seen");
+        let seen = (0..200).position(|i| turns.note(i % 4)).expect("four threads in turn are seen");
         assert!(seen < 100, "seen only after {seen} frees");
         assert!((0..64).all(|i| turns.note(i % 3)), "still taking turns");
-        let forgotten = (0..1_000)
-            .position(|_| !turns.note(0))
-            .expect("one thread left is seen");
-        assert!(
-            forgotten <= (CEILING - OFF) as usize,
-            "forgotten only after {forgotten} frees"
-        );
+        let forgotten = (0..1_000).position(|_| !turns.note(0)).expect("one thread left is seen");
+        assert!(forgotten <= (CEILING - OFF) as usize, "forgotten only after {forgotten} frees");
     }
 
     #[test]
     fn runs_of_up_to_eight_frees_a_thread_take_turns_longer_runs_never() {
         for run in 1..=8 {
             let turns = Turns::default();
-            assert!(
-                (0..10_000).any(|i| turns.note(i / run % 2)),
-                "runs of {run}"
-            );
+            assert!((0..10_000).any(|i| turns.note(i / run % 2)), "runs of {run}");
         }
         let turns = Turns::default();
         assert!((0..100_000).all(|i| !turns.note(i / 9 % 2)), "runs of 9");

@@ -251,10 +251,7 @@ impl Gpu for Driver {
         let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
-        props.location = CUmemLocation {
-            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
-            id: 0,
-        };
+        props.location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 };
         let mut pool: *mut c_void = std::ptr::null_mut();
         // SAFETY: `props` is a complete description; one out-pointer to a local.
         check(unsafe { cu::cuMemPoolCreate(&mut pool, (&props as *const CUmemPoolProps).cast()) })?;
@@ -286,15 +283,9 @@ impl Gpu for Driver {
     ) -> CuResult<()> {
         use CUmemPool_attribute::*;
         for (attribute, on) in [
-            (
-                CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
-                follow_event_deps,
-            ),
+            (CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, follow_event_deps),
             (CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, opportunistic),
-            (
-                CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
-                internal_deps,
-            ),
+            (CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, internal_deps),
         ] {
             set_pool_attribute(pool, attribute, AttributeValue::Int(on as c_int))?;
         }
@@ -312,9 +303,7 @@ impl Gpu for Driver {
         };
         let mut value: u64 = 0;
         // SAFETY: the byte-count attributes are u64s; one out-pointer to a local.
-        check(unsafe {
-            cu::cuMemPoolGetAttribute(pool.0, attribute as c_int, (&mut value as *mut u64).cast())
-        })?;
+        check(unsafe { cu::cuMemPoolGetAttribute(pool.0, attribute as c_int, (&mut value as *mut u64).cast()) })?;
         Ok(value)
     }
 
@@ -325,14 +314,9 @@ impl Gpu for Driver {
         } else {
             CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE
         };
-        let desc = CUmemAccessDesc {
-            location: device_location(accessor),
-            flags,
-        };
+        let desc = CUmemAccessDesc { location: device_location(accessor), flags };
         // SAFETY: one descriptor, passed with count 1.
-        check(unsafe {
-            cu::cuMemPoolSetAccess(pool.0, (&desc as *const CUmemAccessDesc).cast(), 1)
-        })
+        check(unsafe { cu::cuMemPoolSetAccess(pool.0, (&desc as *const CUmemAccessDesc).cast(), 1) })
     }
 
     /// Returns the pool's unused memory to the driver.
@@ -365,8 +349,7 @@ impl Gpu for Driver {
 const OPERATING_SYSTEM: CuError = CuError(304);
 
 /// The shareable-handle type of the shim's pools.
-const POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType =
-    CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+const POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
 fn create_pool_with(device: i32, handle_types: CUmemAllocationHandleType) -> CuResult<Pool> {
     // SAFETY: all-zero is a valid CUmemPoolProps (every enum has a 0 value,
@@ -392,12 +375,7 @@ impl Driver {
         let mut fd: c_int = -1;
         // SAFETY: for a POSIX file descriptor the handle is an int, written to a local.
         check(unsafe {
-            cu::cuMemPoolExportToShareableHandle(
-                (&mut fd as *mut c_int).cast(),
-                pool.0,
-                POSIX_FILE_DESCRIPTOR.0 as c_int,
-                0,
-            )
+            cu::cuMemPoolExportToShareableHandle((&mut fd as *mut c_int).cast(), pool.0, POSIX_FILE_DESCRIPTOR.0 as c_int, 0)
         })?;
         // SAFETY: the driver made a new descriptor, now ours to close.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -455,10 +433,7 @@ impl Driver {
 }
 
 fn device_location(device: i32) -> CUmemLocation {
-    CUmemLocation {
-        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-        id: device,
-    }
+    CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
 }
 
 fn set_pool_attribute(
@@ -470,16 +445,12 @@ fn set_pool_attribute(
     // the threshold, as the value's variant is chosen by the callers above.
     unsafe {
         match value {
-            AttributeValue::Int(mut v) => check(cu::cuMemPoolSetAttribute(
-                pool.0,
-                attribute as c_int,
-                (&mut v as *mut c_int).cast(),
-            )),
-            AttributeValue::U64(mut v) => check(cu::cuMemPoolSetAttribute(
-                pool.0,
-                attribute as c_int,
-                (&mut v as *mut u64).cast(),
-            )),
+            AttributeValue::Int(mut v) => {
+                check(cu::cuMemPoolSetAttribute(pool.0, attribute as c_int, (&mut v as *mut c_int).cast()))
+            }
+            AttributeValue::U64(mut v) => {
+                check(cu::cuMemPoolSetAttribute(pool.0, attribute as c_int, (&mut v as *mut u64).cast()))
+            }
         }
     }
 }

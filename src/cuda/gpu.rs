@@ -116,13 +116,8 @@ pub trait Gpu {
     fn create_host_pool(&self, device: i32) -> CuResult<Pool>;
     fn destroy_pool(&self, pool: Pool) -> CuResult<()>;
     fn set_release_threshold(&self, pool: Pool, bytes: u64) -> CuResult<()>;
-    fn set_reuse_policies(
-        &self,
-        pool: Pool,
-        follow_event_deps: bool,
-        opportunistic: bool,
-        internal_deps: bool,
-    ) -> CuResult<()>;
+    fn set_reuse_policies(&self, pool: Pool, follow_event_deps: bool, opportunistic: bool, internal_deps: bool)
+        -> CuResult<()>;
     fn pool_bytes(&self, pool: Pool, counter: PoolCounter) -> CuResult<u64>;
     /// Lets `accessor` read and write every block of `pool`, past and future (or no longer).
     fn set_peer_access(&self, pool: Pool, accessor: i32, allowed: bool) -> CuResult<()>;
@@ -140,12 +135,7 @@ pub trait Gpu {
     }
 
     /// `with_context` for a caller that has just asked for the `current` context.
-    fn with_context_from<T>(
-        &self,
-        current: Option<Context>,
-        ctx: Context,
-        f: impl FnOnce() -> T,
-    ) -> CuResult<T> {
+    fn with_context_from<T>(&self, current: Option<Context>, ctx: Context, f: impl FnOnce() -> T) -> CuResult<T> {
         if current == Some(ctx) {
             return Ok(f());
         }

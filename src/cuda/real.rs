@@ -88,22 +88,14 @@ fn find_in_runtime(name: &CStr) -> Option<usize> {
     loaded_runtimes().into_iter().find_map(|path| {
         // SAFETY: RTLD_NOLOAD only returns a library already in the process.
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-        let symbol = if handle.is_null() {
-            std::ptr::null_mut()
-        } else {
-            real_dlsym(handle, name)
-        };
+        let symbol = if handle.is_null() { std::ptr::null_mut() } else { real_dlsym(handle, name) };
         (!symbol.is_null()).then_some(symbol as usize)
     })
 }
 
 /// Paths of the loaded objects whose file name contains `libcudart`.
 fn loaded_runtimes() -> Vec<CString> {
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _: usize,
-        data: *mut c_void,
-    ) -> c_int {
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
         // SAFETY: the loader passes a valid entry; `data` is the Vec below.
         let (info, found) = unsafe { (&*info, &mut *(data as *mut Vec<CString>)) };
         if !info.dlpi_name.is_null() {
@@ -256,6 +248,7 @@ pub mod driver {
         cuMemPoolExportPointer(data: *mut c_void, ptr: u64);
         cuMemPoolImportFromShareableHandle(pool: *mut *mut c_void, handle: *mut c_void, handle_type: c_int, flags: u64);
         cuMemPoolImportPointer(ptr: *mut u64, pool: *mut c_void, data: *const c_void);
+        cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64);
         // Wrapped by the driver door (and some used by the core too).
         cuMemAlloc_v2(ptr: *mut u64, size: usize);
         cuMemAllocPitch_v2(ptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint);
@@ -297,7 +290,6 @@ pub mod driver {
         cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
         cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: u64);
         cuPointerGetAttributes(count: c_uint, attributes: *const c_int, data: *mut *mut c_void, ptr: u64);
-        cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64);
         cuIpcGetMemHandle(handle: *mut c_void, ptr: u64);
         cuIpcOpenMemHandle(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint);
         cuIpcOpenMemHandle_v2(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint);

@@ -23,11 +23,7 @@ pub fn object_of(address: usize) -> Option<String> {
         return None;
     }
     // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
-    Some(
-        unsafe { CStr::from_ptr(info.dli_fname) }
-            .to_string_lossy()
-            .into_owned(),
-    )
+    Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
 }
 
 /// Whether a library file matches one of the configured names: a name
@@ -48,9 +44,7 @@ pub struct CallerFilter {
 impl CallerFilter {
     pub fn is_listed(&self, caller: usize, names: &[String]) -> bool {
         let mut seen = lock(&self.seen);
-        *seen
-            .entry(caller)
-            .or_insert_with(|| object_of(caller).is_some_and(|path| matches(&path, names)))
+        *seen.entry(caller).or_insert_with(|| object_of(caller).is_some_and(|path| matches(&path, names)))
     }
 }
 
@@ -64,10 +58,7 @@ mod tests {
         assert!(matches("/usr/lib/x86_64-linux-gnu/libnccl.so.2", &names));
         assert!(matches("/home/user/app/build/gpu/ipc", &names));
         assert!(!matches("/usr/lib/libcudnn.so.9", &names));
-        assert!(
-            !matches("/opt/libnccl/libfoo.so", &names),
-            "directories do not count"
-        );
+        assert!(!matches("/opt/libnccl/libfoo.so", &names), "directories do not count");
         assert!(!matches("/usr/lib/libnccl.so.2", &[]));
     }
 
@@ -78,10 +69,7 @@ mod tests {
         let base = path.rsplit('/').next().unwrap().to_string();
         let filter = CallerFilter::default();
         assert!(filter.is_listed(here, std::slice::from_ref(&base)));
-        assert!(
-            filter.is_listed(here, &["no-such-library".to_string()]),
-            "the first answer is kept per address"
-        );
+        assert!(filter.is_listed(here, &["no-such-library".to_string()]), "the first answer is kept per address");
         assert!(!CallerFilter::default().is_listed(here, &["no-such-library".to_string()]));
         assert_eq!(object_of(0), None);
     }

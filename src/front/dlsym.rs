@@ -66,11 +66,7 @@ pub(crate) use export_dlsym;
 /// The shim's function for `name` in `handle`, or null when the real answer
 /// is not one of the driver functions in `served`.
 /// SAFETY: `name` is a NUL-terminated string (dlsym's contract).
-pub unsafe fn served_lookup(
-    handle: *mut c_void,
-    name: *const c_char,
-    served: &[&[EntryPoint]],
-) -> *mut c_void {
+pub unsafe fn served_lookup(handle: *mut c_void, name: *const c_char, served: &[&[EntryPoint]]) -> *mut c_void {
     // SAFETY: as the caller promises.
     let name = unsafe { CStr::from_ptr(name) };
     let real = real_dlsym(handle, name);

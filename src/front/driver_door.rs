@@ -57,18 +57,12 @@ pub fn substitute(real: *mut c_void, served: &[&[EntryPoint]]) -> Option<*mut c_
         return None;
     }
     let table = substitutes(served)?;
-    table
-        .iter()
-        .find(|(r, _)| *r == real as usize)
-        .map(|&(_, hook)| hook as *mut c_void)
+    table.iter().find(|(r, _)| *r == real as usize).map(|&(_, hook)| hook as *mut c_void)
 }
 
 /// Whether `name` is the name of an entry point the shim serves.
 fn serves(served: &[&[EntryPoint]], name: &CStr) -> bool {
-    served
-        .iter()
-        .flat_map(|points| points.iter())
-        .any(|EntryPoint(served, _)| *served == name)
+    served.iter().flat_map(|points| points.iter()).any(|EntryPoint(served, _)| *served == name)
 }
 
 /// `cuGetProcAddress` (both versions): the real answer, with the shim's
@@ -129,10 +123,7 @@ pub fn free_host_would_fail() -> Option<u32> {
 pub fn peer_devices(peer: *mut c_void) -> Option<(i32, i32)> {
     let driver = driver::loaded()?;
     let accessor = driver.current_device().ok()?;
-    let owner = driver
-        .with_context(Context(peer), || driver.current_device())
-        .ok()?
-        .ok()?;
+    let owner = driver.with_context(Context(peer), || driver.current_device()).ok()?.ok()?;
     Some((owner, accessor))
 }
 

@@ -18,9 +18,7 @@ thread_local! {
 /// Runs `hook`, or `real` when re-entered or when `hook` panics.
 pub fn guarded<R>(hook: impl FnOnce() -> R, real: impl FnOnce() -> R) -> R {
     // During thread teardown the flag may be gone: treat that as re-entry.
-    let entered = INSIDE_HOOK
-        .try_with(|inside| !inside.replace(true))
-        .unwrap_or(false);
+    let entered = INSIDE_HOOK.try_with(|inside| !inside.replace(true)).unwrap_or(false);
     if !entered {
         log::trace!("passing through: {:?}", Passthrough::Reentrant);
         return real();
@@ -45,9 +43,7 @@ pub fn guarded<R>(hook: impl FnOnce() -> R, real: impl FnOnce() -> R) -> R {
 /// without the shim's driver functions for the life of the process.
 pub fn guarded_lookup<R>(hook: impl FnOnce() -> R, real: impl FnOnce() -> R) -> R {
     catch_unwind(AssertUnwindSafe(hook)).unwrap_or_else(|_| {
-        log::error!(
-            "internal error in an entry-point lookup (panic caught); using the real function"
-        );
+        log::error!("internal error in an entry-point lookup (panic caught); using the real function");
         real()
     })
 }
@@ -60,19 +56,12 @@ mod tests {
     fn a_hook_runs_once_and_nested_calls_go_to_the_real_function() {
         let outer = guarded(|| guarded(|| "hook", || "real (nested)"), || "real");
         assert_eq!(outer, "real (nested)");
-        assert_eq!(
-            guarded(|| "hook", || "real"),
-            "hook",
-            "the flag is cleared after a call"
-        );
+        assert_eq!(guarded(|| "hook", || "real"), "hook", "the flag is cleared after a call");
     }
 
     #[test]
     fn a_lookup_answers_inside_a_hook_too() {
-        assert_eq!(
-            guarded(|| guarded_lookup(|| "lookup", || "real"), || "real"),
-            "lookup"
-        );
+        assert_eq!(guarded(|| guarded_lookup(|| "lookup", || "real"), || "real"), "lookup");
         assert_eq!(guarded_lookup(|| -> u32 { panic!("bug") }, || 7), 7);
     }
 

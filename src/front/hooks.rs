@@ -12,7 +12,6 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use super::caller::CallerFilter;
-use super::ipc;
 use super::process::{allocator, arm_process_handlers};
 use crate::core::allocator::alloc::Unserved;
 use crate::core::allocator::free::Freed;
@@ -24,6 +23,7 @@ use crate::core::stats::Timing;
 use crate::cuda::driver::{self, Driver};
 use crate::cuda::gpu::{Context, Gpu, Stream};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
+use super::ipc;
 
 /// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
 pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPtr};
@@ -52,16 +52,7 @@ pub unsafe fn malloc(
 ) -> u32 {
     let request = Request::Bytes(size as u64);
     // SAFETY: as this function's contract.
-    match unsafe {
-        allocate(
-            out,
-            request,
-            caller,
-            make_context_current,
-            out_of_memory,
-            real,
-        )
-    } {
+    match unsafe { allocate(out, request, caller, make_context_current, out_of_memory, real) } {
         Answer::Pooled { .. } => SUCCESS,
         Answer::Answered(rc) => rc,
     }
@@ -73,10 +64,7 @@ enum Request {
     Bytes(u64),
     /// `height` rows of `width` bytes, each starting at a multiple of the
     /// pitch the real `cuMemAllocPitch` gives (`Pitches`).
-    Rows {
-        width: u64,
-        height: u64,
-    },
+    Rows { width: u64, height: u64 },
 }
 
 /// Who answered an allocation.
@@ -100,13 +88,7 @@ unsafe fn allocate(
 ) -> Answer {
     let allocator = allocator();
     let _timer = CallTimer::start(allocator, &allocator.stats.alloc_time);
-    match pool_alloc(
-        allocator,
-        out.is_null(),
-        request,
-        caller,
-        make_context_current,
-    ) {
+    match pool_alloc(allocator, out.is_null(), request, caller, make_context_current) {
         Ok((ptr, pitch)) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
             unsafe { *out = ptr };
@@ -126,14 +108,8 @@ unsafe fn allocate(
             };
             let rc = answered_by_real(allocator, reason, bytes, real);
             if reason == Passthrough::PoolOutOfMemory && rc == SUCCESS {
-                let device = driver::loaded()
-                    .and_then(|d| d.current_device().ok())
-                    .unwrap_or(0);
-                allocator
-                    .stats
-                    .device(device)
-                    .oom_fallbacks
-                    .fetch_add(1, Relaxed);
+                let device = driver::loaded().and_then(|d| d.current_device().ok()).unwrap_or(0);
+                allocator.stats.device(device).oom_fallbacks.fetch_add(1, Relaxed);
             }
             Answer::Answered(rc)
         }
@@ -142,12 +118,7 @@ unsafe fn allocate(
 
 /// An allocation of `bytes` the pool does not serve, for `reason`: the real
 /// function answers, and is counted.
-fn answered_by_real(
-    allocator: &Allocator,
-    reason: Passthrough,
-    bytes: u64,
-    real: impl FnOnce() -> u32,
-) -> u32 {
+fn answered_by_real(allocator: &Allocator, reason: Passthrough, bytes: u64, real: impl FnOnce() -> u32) -> u32 {
     log::trace!("allocation of {bytes} bytes passed through: {reason:?}");
     allocator.stats.passed_through(reason, bytes);
     let rc = real();
@@ -175,29 +146,13 @@ pub unsafe fn malloc_pitch(
     real: impl FnOnce() -> u32,
 ) -> u32 {
     if !element_size_valid || pitch.is_null() {
-        let reason = if pitch.is_null() {
-            Passthrough::NullOutPointer
-        } else {
-            Passthrough::InvalidElementSize
-        };
+        let reason = if pitch.is_null() { Passthrough::NullOutPointer } else { Passthrough::InvalidElementSize };
         allocator().stats.passed_through(reason, 0);
         return real();
     }
-    let request = Request::Rows {
-        width: width as u64,
-        height: height as u64,
-    };
+    let request = Request::Rows { width: width as u64, height: height as u64 };
     // SAFETY: as this function's contract.
-    match unsafe {
-        allocate(
-            out,
-            request,
-            caller,
-            make_context_current,
-            out_of_memory,
-            real,
-        )
-    } {
+    match unsafe { allocate(out, request, caller, make_context_current, out_of_memory, real) } {
         Answer::Pooled { pitch: row_pitch } => {
             // SAFETY: checked non-null above; writable by the C contract.
             unsafe { *pitch = row_pitch as usize };
@@ -217,19 +172,13 @@ impl Pitches {
     /// The pitch and size of `height` rows of `width` bytes on the current device.
     fn of(driver: &Driver, width: u64, height: u64) -> Result<(u64, u64), Passthrough> {
         static ALIGNMENTS: Mutex<Vec<(i32, u64)>> = Mutex::new(Vec::new());
-        let device = driver
-            .current_device()
-            .map_err(|_| Passthrough::NoContext)?;
-        let mut alignments = ALIGNMENTS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let device = driver.current_device().map_err(|_| Passthrough::NoContext)?;
+        let mut alignments = ALIGNMENTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let alignment = match alignments.iter().find(|(d, _)| *d == device) {
             Some(&(_, alignment)) => alignment,
             None => {
                 let learned = driver.pitch_alignment().map_err(|e| {
-                    log::warn!(
-                        "device {device}: cannot learn the pitch of pitched allocations: {e:?}"
-                    );
+                    log::warn!("device {device}: cannot learn the pitch of pitched allocations: {e:?}");
                     Passthrough::PoolError
                 })?;
                 log::debug!("device {device}: pitched allocations are aligned to {learned} bytes");
@@ -237,15 +186,8 @@ impl Pitches {
                 learned
             }
         };
-        let pitch = width
-            .checked_next_multiple_of(alignment)
-            .ok_or(Passthrough::SizeOutOfRange)?;
-        Ok((
-            pitch,
-            pitch
-                .checked_mul(height)
-                .ok_or(Passthrough::SizeOutOfRange)?,
-        ))
+        let pitch = width.checked_next_multiple_of(alignment).ok_or(Passthrough::SizeOutOfRange)?;
+        Ok((pitch, pitch.checked_mul(height).ok_or(Passthrough::SizeOutOfRange)?))
     }
 }
 
@@ -261,40 +203,19 @@ pub unsafe fn malloc_3d(
     real: impl FnOnce() -> u32,
 ) -> u32 {
     let Some(rows) = extent.height.checked_mul(extent.depth) else {
-        allocator()
-            .stats
-            .passed_through(Passthrough::SizeOutOfRange, 0);
+        allocator().stats.passed_through(Passthrough::SizeOutOfRange, 0);
         return real();
     };
     if out.is_null() {
-        allocator()
-            .stats
-            .passed_through(Passthrough::NullOutPointer, 0);
+        allocator().stats.passed_through(Passthrough::NullOutPointer, 0);
         return real();
     }
-    let request = Request::Rows {
-        width: extent.width as u64,
-        height: rows as u64,
-    };
+    let request = Request::Rows { width: extent.width as u64, height: rows as u64 };
     let mut ptr = 0u64;
     // SAFETY: a local as the out-pointer.
-    match unsafe {
-        allocate(
-            &mut ptr,
-            request,
-            caller,
-            make_context_current,
-            out_of_memory,
-            real,
-        )
-    } {
+    match unsafe { allocate(&mut ptr, request, caller, make_context_current, out_of_memory, real) } {
         Answer::Pooled { pitch } => {
-            let described = PitchedPtr {
-                ptr: ptr as *mut c_void,
-                pitch: pitch as usize,
-                xsize: extent.width,
-                ysize: extent.height,
-            };
+            let described = PitchedPtr { ptr: ptr as *mut c_void, pitch: pitch as usize, xsize: extent.width, ysize: extent.height };
             // SAFETY: checked non-null; writable by the C contract.
             unsafe { *out = described };
             SUCCESS
@@ -311,9 +232,7 @@ struct CallTimer<'a> {
 impl<'a> CallTimer<'a> {
     fn start(allocator: &Allocator, timing: &'a Timing) -> CallTimer<'a> {
         let on = allocator.config.stats != StatsOutput::Off;
-        CallTimer {
-            started: on.then(|| (Instant::now(), timing)),
-        }
+        CallTimer { started: on.then(|| (Instant::now(), timing)) }
     }
 }
 
@@ -337,9 +256,7 @@ fn pool_alloc(
 ) -> Result<(u64, u64), Unserved> {
     let early = match request {
         Request::Bytes(size) => allocator.size_passthrough(size),
-        Request::Rows { width, height } if width == 0 || height == 0 => {
-            allocator.size_passthrough(0)
-        }
+        Request::Rows { width, height } if width == 0 || height == 0 => allocator.size_passthrough(0),
         // The size range is checked once the pitch gives the size.
         Request::Rows { .. } => allocator.config.disable.then_some(Passthrough::Disabled),
     };
@@ -372,16 +289,10 @@ fn pool_alloc(
 }
 
 /// The driver and the current context, made current first where none is.
-fn driver_and_context(
-    make_context_current: impl FnOnce() -> bool,
-) -> Result<(&'static Driver, Context), Passthrough> {
+fn driver_and_context(make_context_current: impl FnOnce() -> bool) -> Result<(&'static Driver, Context), Passthrough> {
     let current = || {
         let driver = driver::loaded()?;
-        driver
-            .current_context()
-            .ok()
-            .flatten()
-            .map(|context| (driver, context))
+        driver.current_context().ok().flatten().map(|context| (driver, context))
     };
     if let Some(found) = current() {
         return Ok(found);
@@ -403,13 +314,7 @@ pub fn free(
     invalid_value: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    free_of(
-        MemoryKind::Device,
-        ptr,
-        real_free_would_fail,
-        invalid_value,
-        real,
-    )
+    free_of(MemoryKind::Device, ptr, real_free_would_fail, invalid_value, real)
 }
 
 /// `cudaFreeHost`/`cuMemFreeHost`: as `free`, for pinned host memory
@@ -420,13 +325,7 @@ pub fn free_host(
     invalid_value: impl FnOnce() -> u32,
     real: impl FnOnce() -> u32,
 ) -> u32 {
-    free_of(
-        MemoryKind::Host,
-        ptr,
-        real_free_would_fail,
-        invalid_value,
-        real,
-    )
+    free_of(MemoryKind::Host, ptr, real_free_would_fail, invalid_value, real)
 }
 
 fn free_of(
@@ -454,13 +353,7 @@ fn free_of(
             }
         }
     }
-    finish_free(
-        allocator,
-        driver,
-        allocator.free(driver, ptr, kind),
-        invalid_value,
-        real,
-    )
+    finish_free(allocator, driver, allocator.free(driver, ptr, kind), invalid_value, real)
 }
 
 /// What a free answers once the core has taken (or refused) the pointer.
@@ -513,17 +406,8 @@ pub unsafe fn malloc_host(
     let _timer = CallTimer::start(allocator, &allocator.stats.host_alloc_time);
     // What `cudaHostGetFlags`/`cuMemHostGetFlags` answer for the real
     // allocation, measured (docs/FACTS.md): every one is mapped.
-    let memory = Memory::Host {
-        flags: requested | HOST_MAPPED,
-    };
-    match pool_alloc_host(
-        allocator,
-        out.is_null(),
-        size as u64,
-        requested,
-        memory,
-        make_context_current,
-    ) {
+    let memory = Memory::Host { flags: requested | HOST_MAPPED };
+    match pool_alloc_host(allocator, out.is_null(), size as u64, requested, memory, make_context_current) {
         Ok(ptr) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc_host) and writable.
             unsafe { *out = ptr as *mut c_void };
@@ -564,13 +448,11 @@ fn pool_alloc_host(
         return Err(Passthrough::StreamCapture);
     }
     let (driver, context) = driver_and_context(make_context_current)?;
-    allocator
-        .alloc(driver, context, size, 0, memory)
-        .map_err(|unserved| match unserved {
-            Unserved::PassThrough(reason) => reason,
-            // SOMA_MEMORY_LIMIT is of device memory: a host pool is never refused by it.
-            Unserved::OverMemoryLimit => Passthrough::PoolError,
-        })
+    allocator.alloc(driver, context, size, 0, memory).map_err(|unserved| match unserved {
+        Unserved::PassThrough(reason) => reason,
+        // SOMA_MEMORY_LIMIT is of device memory: a host pool is never refused by it.
+        Unserved::OverMemoryLimit => Passthrough::PoolError,
+    })
 }
 
 /// `cudaHostGetFlags`/`cuMemHostGetFlags`: for the shim's pinned host
@@ -591,12 +473,7 @@ pub unsafe fn host_get_flags(out: *mut c_uint, ptr: u64, real: impl FnOnce() -> 
 /// pinned host memory, the address itself (measured: the real one answers
 /// the host address, for interior addresses too).
 /// SAFETY: `out` is null or writable, as the C contract requires.
-pub unsafe fn host_get_device_pointer(
-    out: *mut u64,
-    ptr: u64,
-    flags: c_uint,
-    real: impl FnOnce() -> u32,
-) -> u32 {
+pub unsafe fn host_get_device_pointer(out: *mut u64, ptr: u64, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
     if flags == 0 && !out.is_null() && allocator().host_block_flags(ptr).is_some() {
         // SAFETY: checked non-null; writable by the C contract.
         unsafe { *out = ptr };
@@ -607,11 +484,7 @@ pub unsafe fn host_get_device_pointer(
 
 /// `cudaFreeAsync`/`cuMemFreeAsync`: the program frees a pointer itself, in
 /// the order of its stream. The real function does it; the map forgets it.
-pub fn free_async(
-    ptr: u64,
-    invalid_value: impl FnOnce() -> u32,
-    real: impl FnOnce() -> u32,
-) -> u32 {
+pub fn free_async(ptr: u64, invalid_value: impl FnOnce() -> u32, real: impl FnOnce() -> u32) -> u32 {
     let allocator = allocator();
     if allocator.config.disable {
         return real();
@@ -630,21 +503,13 @@ pub fn free_async(
 /// Stream creation: non-blocking streams are tracked, since the legacy stream
 /// does not order them.
 /// SAFETY: when `real` succeeds, `out` holds the new stream.
-pub unsafe fn stream_create(
-    out: *mut *mut c_void,
-    flags: c_uint,
-    real: impl FnOnce() -> u32,
-) -> u32 {
+pub unsafe fn stream_create(out: *mut *mut c_void, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
     let allocator = allocator();
     if rc == SUCCESS && flags & STREAM_NON_BLOCKING != 0 && !allocator.config.disable {
         if let Some(driver) = driver::loaded() {
             // SAFETY: success means the new stream was written to `out`.
-            allocator.stream_created(
-                driver,
-                Stream(unsafe { *out }),
-                super::work::tracked(&allocator.config),
-            );
+            allocator.stream_created(driver, Stream(unsafe { *out }), super::work::tracked(&allocator.config));
         }
     }
     rc
@@ -699,11 +564,7 @@ pub fn device_reset(device: Option<i32>, real: impl FnOnce() -> u32) -> u32 {
 /// Peer access enabled (or disabled): once `accessor` may reach `owner`'s
 /// memory, `owner`'s pool grants it every block, past and future.
 /// `devices` names (owner, accessor) once `real` has succeeded.
-pub fn peer_access(
-    allowed: bool,
-    devices: impl FnOnce() -> Option<(i32, i32)>,
-    real: impl FnOnce() -> u32,
-) -> u32 {
+pub fn peer_access(allowed: bool, devices: impl FnOnce() -> Option<(i32, i32)>, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
     let allocator = allocator();
     if rc == SUCCESS && !allocator.config.disable {
@@ -721,16 +582,14 @@ pub fn peer_access(
 pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
     let allocator = allocator();
-    if rc != SUCCESS || free.is_null() || total.is_null() || !allocator.config.adjusts_memory_info()
-    {
+    if rc != SUCCESS || free.is_null() || total.is_null() || !allocator.config.adjusts_memory_info() {
         return rc;
     }
     if let Some(driver) = driver::loaded() {
         if let Ok(device) = driver.current_device() {
             // SAFETY: the real call succeeded and wrote both.
             let (real_free, real_total) = unsafe { (*free as u64, *total as u64) };
-            let (shown_free, shown_total) =
-                allocator.memory_info(driver, device, real_free, real_total);
+            let (shown_free, shown_total) = allocator.memory_info(driver, device, real_free, real_total);
             // SAFETY: as above, both are writable.
             unsafe { (*free, *total) = (shown_free as usize, shown_total as usize) };
         }
@@ -740,11 +599,7 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize, real: impl FnOnc
 
 /// `cudaIpcGetMemHandle`/`cuIpcGetMemHandle` (see `ipc`).
 /// SAFETY: `out` is null or writable, as the C contract requires.
-pub unsafe fn ipc_get_mem_handle(
-    out: *mut IpcMemHandle,
-    ptr: u64,
-    real: impl FnOnce() -> u32,
-) -> u32 {
+pub unsafe fn ipc_get_mem_handle(out: *mut IpcMemHandle, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     // SAFETY: as this function's contract.
     unsafe { ipc::get_mem_handle(allocator(), out, ptr, real) }
 }

@@ -33,8 +33,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::core::allocator::state::Allocator;
-use crate::core::locks::{lock, try_lock};
 use crate::core::shared_blocks::{IpcHandle, Secret};
+use crate::core::locks::{lock, try_lock};
 use crate::cuda::driver::{self, PointerExport};
 use crate::cuda::gpu::{Gpu, Pool};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
@@ -62,12 +62,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// block (the allocation holding `ptr`, as the real handle names), else the
 /// real call's answer.
 /// SAFETY: `out` is null or 64 writable bytes, as the C contract requires.
-pub unsafe fn get_mem_handle(
-    allocator: &'static Allocator,
-    out: *mut IpcMemHandle,
-    ptr: u64,
-    real: impl FnOnce() -> u32,
-) -> u32 {
+pub unsafe fn get_mem_handle(allocator: &'static Allocator, out: *mut IpcMemHandle, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     if out.is_null() {
         return real();
     }
@@ -88,19 +83,12 @@ fn export(allocator: &'static Allocator, ptr: u64) -> Option<IpcHandle> {
         None => driver.allocation_base(ptr).ok()?,
     };
     // Pinned host memory from the host pool is not exportable (nor is the real allocator's).
-    let block = allocator
-        .live_block(base)
-        .filter(|block| !block.memory.is_host())?;
+    let block = allocator.live_block(base).filter(|block| !block.memory.is_host())?;
     // A pool other processes cannot import: the real call answers.
     allocator.shareable_pool(block.device, block.size)?;
     let endpoint = server_endpoint(allocator)?;
     let (secret, _) = allocator.export(driver, base, random_secret)?;
-    Some(IpcHandle {
-        pid: std::process::id(),
-        endpoint,
-        base,
-        secret,
-    })
+    Some(IpcHandle { pid: std::process::id(), endpoint, base, secret })
 }
 
 /// 32 random bytes, or None where the kernel gives none (getrandom missing
@@ -110,17 +98,10 @@ fn random_secret() -> Option<Secret> {
     let mut filled = 0;
     while filled < secret.len() {
         // SAFETY: writes at most the rest of `secret`.
-        let n = unsafe {
-            libc::getrandom(
-                secret[filled..].as_mut_ptr().cast(),
-                secret.len() - filled,
-                0,
-            )
-        };
+        let n = unsafe { libc::getrandom(secret[filled..].as_mut_ptr().cast(), secret.len() - filled, 0) };
         if n > 0 {
             filled += n as usize;
-        } else if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
-        {
+        } else if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             return None;
         }
     }
@@ -140,10 +121,7 @@ fn socket_dir() -> Result<PathBuf, String> {
     }
     let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
-        return Err(format!(
-            "{} is not a directory of this user's that only it may enter",
-            dir.display()
-        ));
+        return Err(format!("{} is not a directory of this user's that only it may enter", dir.display()));
     }
     Ok(dir)
 }
@@ -210,8 +188,7 @@ fn start_server(allocator: &'static Allocator, pid: u32) -> Result<Server, Strin
     let random = random_secret().ok_or("no random bytes from the kernel")?;
     let endpoint = u64::from_le_bytes(random[..8].try_into().unwrap_or_default());
     let path = socket_path(&dir, pid, endpoint);
-    let listener = UnixListener::bind(&path)
-        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    let listener = UnixListener::bind(&path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 writes two descriptors to `fds`.
@@ -225,23 +202,13 @@ fn start_server(allocator: &'static Allocator, pid: u32) -> Result<Server, Strin
         .spawn(move || serve(allocator, listener, wake_read, pid, endpoint))
         .map_err(|e| e.to_string())?;
     log::debug!("CUDA IPC: serving on {}", path.display());
-    Ok(Server {
-        pid,
-        endpoint,
-        path,
-        wake,
-        thread,
-    })
+    Ok(Server { pid, endpoint, path, wake, thread })
 }
 
 /// At exit: the server thread stops and its socket goes.
 pub fn stop_server() {
-    let Some(mut server) = try_lock(&SERVER) else {
-        return;
-    };
-    let Some(running) = server.take_if(|s| s.pid == std::process::id()) else {
-        return;
-    };
+    let Some(mut server) = try_lock(&SERVER) else { return };
+    let Some(running) = server.take_if(|s| s.pid == std::process::id()) else { return };
     let _ = std::fs::File::from(running.wake).write_all(&[1]);
     let _ = running.thread.join();
     let _ = std::fs::remove_file(&running.path);
@@ -268,11 +235,7 @@ fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32,
         let mut polled: Vec<libc::pollfd> = [wake.as_raw_fd(), listener.as_raw_fd()]
             .into_iter()
             .chain(leases.iter().map(|lease| lease.connection.as_raw_fd()))
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
             .collect();
         // SAFETY: `polled` is a valid array of its length.
         let n = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, -1) };
@@ -280,10 +243,7 @@ fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32,
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            log::warn!(
-                "CUDA IPC: the server stops: poll: {}",
-                std::io::Error::last_os_error()
-            );
+            log::warn!("CUDA IPC: the server stops: poll: {}", std::io::Error::last_os_error());
             return;
         }
         if polled[0].revents != 0 {
@@ -300,9 +260,7 @@ fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32,
         if polled[1].revents != 0 {
             loop {
                 match listener.accept() {
-                    Ok((connection, _)) => {
-                        leases.extend(answer(allocator, connection, pid, endpoint, &mut pool_fds))
-                    }
+                    Ok((connection, _)) => leases.extend(answer(allocator, connection, pid, endpoint, &mut pool_fds)),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => {
@@ -322,10 +280,7 @@ fn connection_closed(connection: &mut UnixStream) -> bool {
     match connection.read(&mut byte) {
         Ok(0) => true,
         Ok(_) => false,
-        Err(e) => {
-            e.kind() != std::io::ErrorKind::WouldBlock
-                && e.kind() != std::io::ErrorKind::Interrupted
-        }
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::Interrupted,
     }
 }
 
@@ -334,13 +289,7 @@ fn connection_closed(connection: &mut UnixStream) -> bool {
 const REPLY_LEN: usize = 4 + 64;
 
 /// Answers one request; the lease if one was granted.
-fn answer(
-    allocator: &Allocator,
-    mut connection: UnixStream,
-    pid: u32,
-    endpoint: u64,
-    pool_fds: &mut HashMap<Pool, ExportedPool>,
-) -> Option<Lease> {
+fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint: u64, pool_fds: &mut HashMap<Pool, ExportedPool>) -> Option<Lease> {
     // SAFETY: geteuid has no preconditions.
     if peer_uid(&connection) != Some(unsafe { libc::geteuid() }) {
         return None; // another user's process: not even an answer
@@ -368,17 +317,11 @@ fn answer(
     };
     let mut reply = [0u8; REPLY_LEN];
     reply[4..].copy_from_slice(&data);
-    if send_with_fd(&connection, &reply, pool_fd).is_err()
-        || connection.set_nonblocking(true).is_err()
-    {
+    if send_with_fd(&connection, &reply, pool_fd).is_err() || connection.set_nonblocking(true).is_err() {
         allocator.lease_ended(base, &secret);
         return None;
     }
-    Some(Lease {
-        connection,
-        base,
-        secret,
-    })
+    Some(Lease { connection, base, secret })
 }
 
 /// A pool as the server exported it: the descriptor serves only while the
@@ -404,26 +347,14 @@ fn export_block(
     let exported = driver.with_context(context, || -> Result<_, crate::cuda::gpu::CuError> {
         // The pool first: the driver exports blocks only of a pool already
         // shared (measured: the block's export refuses with invalid value before).
-        let fd = match pool_fds
-            .get(&pool)
-            .filter(|exported| exported.context_id == context_id)
-        {
+        let fd = match pool_fds.get(&pool).filter(|exported| exported.context_id == context_id) {
             Some(exported) => exported.fd.as_raw_fd(),
             None => {
                 let fd = driver.export_pool(pool)?;
                 let raw = fd.as_raw_fd();
                 // The device's pools of an earlier context are gone: their descriptors close.
-                pool_fds.retain(|_, exported| {
-                    exported.device != device || exported.context_id == context_id
-                });
-                pool_fds.insert(
-                    pool,
-                    ExportedPool {
-                        device,
-                        context_id,
-                        fd,
-                    },
-                );
+                pool_fds.retain(|_, exported| exported.device != device || exported.context_id == context_id);
+                pool_fds.insert(pool, ExportedPool { device, context_id, fd });
                 raw
             }
         };
@@ -439,11 +370,7 @@ fn export_block(
 }
 
 fn peer_uid(connection: &UnixStream) -> Option<u32> {
-    let mut credentials = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
+    let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED writes a ucred of `len` bytes to a local.
     let rc = unsafe {
@@ -463,14 +390,7 @@ fn peer_uid(connection: &UnixStream) -> Option<u32> {
 fn send_all(connection: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
     while !bytes.is_empty() {
         // SAFETY: sends from a live slice on a live socket.
-        let n = unsafe {
-            libc::send(
-                connection.as_raw_fd(),
-                bytes.as_ptr().cast(),
-                bytes.len(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
+        let n = unsafe { libc::send(connection.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
         if n < 0 {
             let error = std::io::Error::last_os_error();
             if error.kind() == std::io::ErrorKind::Interrupted {
@@ -486,7 +406,7 @@ fn send_all(connection: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
 fn send_with_fd(connection: &UnixStream, bytes: &[u8], fd: RawFd) -> std::io::Result<()> {
     let iov = [IoSlice::new(bytes)];
     let mut control = [0u64; 4]; // CMSG_SPACE(sizeof(int)), aligned
-                                 // SAFETY: msghdr is plain data; the control buffer holds one int's cmsg.
+    // SAFETY: msghdr is plain data; the control buffer holds one int's cmsg.
     unsafe {
         let mut message: libc::msghdr = std::mem::zeroed();
         message.msg_iov = iov.as_ptr() as *mut libc::iovec;
@@ -498,9 +418,7 @@ fn send_with_fd(connection: &UnixStream, bytes: &[u8], fd: RawFd) -> std::io::Re
         (*header).cmsg_type = libc::SCM_RIGHTS;
         (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
         std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
-        if libc::sendmsg(connection.as_raw_fd(), &message, libc::MSG_NOSIGNAL)
-            != bytes.len() as isize
-        {
+        if libc::sendmsg(connection.as_raw_fd(), &message, libc::MSG_NOSIGNAL) != bytes.len() as isize {
             return Err(std::io::Error::last_os_error());
         }
     }
@@ -508,10 +426,7 @@ fn send_with_fd(connection: &UnixStream, bytes: &[u8], fd: RawFd) -> std::io::Re
 }
 
 /// Receives the reply and the descriptor sent with it (if any).
-fn receive_with_fd(
-    connection: &UnixStream,
-    bytes: &mut [u8; REPLY_LEN],
-) -> std::io::Result<(usize, Option<OwnedFd>)> {
+fn receive_with_fd(connection: &UnixStream, bytes: &mut [u8; REPLY_LEN]) -> std::io::Result<(usize, Option<OwnedFd>)> {
     let mut iov = [IoSliceMut::new(bytes)];
     let mut control = [0u64; 4];
     // SAFETY: msghdr is plain data; the kernel writes at most the buffers' lengths.
@@ -521,23 +436,13 @@ fn receive_with_fd(
         message.msg_iovlen = 1;
         message.msg_control = control.as_mut_ptr().cast();
         message.msg_controllen = std::mem::size_of_val(&control);
-        let n = libc::recvmsg(
-            connection.as_raw_fd(),
-            &mut message,
-            libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL,
-        );
+        let n = libc::recvmsg(connection.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL);
         if n < 0 {
             return Err(std::io::Error::last_os_error());
         }
         let header = libc::CMSG_FIRSTHDR(&message);
-        let fd = (!header.is_null()
-            && (*header).cmsg_level == libc::SOL_SOCKET
-            && (*header).cmsg_type == libc::SCM_RIGHTS)
-            .then(|| {
-                OwnedFd::from_raw_fd(std::ptr::read_unaligned(
-                    libc::CMSG_DATA(header).cast::<RawFd>(),
-                ))
-            });
+        let fd = (!header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS)
+            .then(|| OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>())));
         Ok((n as usize, fd))
     }
 }
@@ -565,23 +470,13 @@ static IMPORTED_ANY: AtomicBool = AtomicBool::new(false);
 /// `cuIpcOpenMemHandle`: a shim handle is opened here; anything else, and a
 /// shim handle that opens nothing, the real call answers.
 /// SAFETY: `out` is null or writable, as the C contract requires.
-pub unsafe fn open_mem_handle(
-    out: *mut u64,
-    handle: &IpcMemHandle,
-    flags: c_uint,
-    real: impl FnOnce() -> u32,
-) -> u32 {
-    let Some(handle) = IpcHandle::decode(&handle.0) else {
-        return real();
-    };
+pub unsafe fn open_mem_handle(out: *mut u64, handle: &IpcMemHandle, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+    let Some(handle) = IpcHandle::decode(&handle.0) else { return real() };
     if out.is_null() || flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
         return real(); // refuses the arguments as it refuses them natively
     }
     let pid = std::process::id();
-    if handle.pid == pid
-        && SERVING_PID.load(Ordering::Acquire) == pid
-        && SERVING_ENDPOINT.load(Ordering::Acquire) == handle.endpoint
-    {
+    if handle.pid == pid && SERVING_PID.load(Ordering::Acquire) == pid && SERVING_ENDPOINT.load(Ordering::Acquire) == handle.endpoint {
         return INVALID_CONTEXT;
     }
     match import(&handle) {
@@ -617,48 +512,29 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     let connection = match UnixStream::connect(socket_path(&dir, handle.pid, handle.endpoint)) {
         Ok(connection) => connection,
         // SAFETY: kill with signal 0 only asks whether the process exists.
-        Err(_)
-            if unsafe { libc::kill(handle.pid as libc::pid_t, 0) } != 0
-                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) =>
+        Err(_) if unsafe { libc::kill(handle.pid as libc::pid_t, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) =>
         {
             return Err(Refused::ExporterGone)
         }
         Err(_) => return Err(Refused::Invalid),
     };
-    connection
-        .set_read_timeout(Some(EXCHANGE_TIMEOUT))
-        .map_err(|_| Refused::Invalid)?;
-    connection
-        .set_write_timeout(Some(EXCHANGE_TIMEOUT))
-        .map_err(|_| Refused::Invalid)?;
+    connection.set_read_timeout(Some(EXCHANGE_TIMEOUT)).map_err(|_| Refused::Invalid)?;
+    connection.set_write_timeout(Some(EXCHANGE_TIMEOUT)).map_err(|_| Refused::Invalid)?;
     send_all(&connection, &handle.encode()).map_err(|_| Refused::Invalid)?;
     let mut reply = [0u8; REPLY_LEN];
     let (n, pool_fd) = receive_with_fd(&connection, &mut reply).map_err(|_| Refused::Invalid)?;
-    let pool_fd = pool_fd
-        .filter(|_| n == REPLY_LEN && reply[..4] == [0; 4])
-        .ok_or(Refused::Invalid)?;
+    let pool_fd = pool_fd.filter(|_| n == REPLY_LEN && reply[..4] == [0; 4]).ok_or(Refused::Invalid)?;
     let data: PointerExport = reply[4..].try_into().map_err(|_| Refused::Invalid)?;
     let ptr = import_block(driver, pool_fd, device, &data).map_err(|e| Refused::Driver(e.0))?;
-    imports.insert(
-        (handle.endpoint, handle.base, handle.secret),
-        Imported {
-            ptr,
-            opens: 1,
-            _connection: connection,
-        },
-    );
+    imports.insert((handle.endpoint, handle.base, handle.secret), Imported { ptr, opens: 1, _connection: connection });
     IMPORTED_ANY.store(true, Ordering::Release);
     Ok(ptr)
 }
 
 /// Imports the pool (the driver gives the same pool for each import of
 /// one), lets `device` reach it, and maps the block.
-fn import_block(
-    driver: &driver::Driver,
-    pool_fd: OwnedFd,
-    device: i32,
-    data: &PointerExport,
-) -> Result<u64, crate::cuda::gpu::CuError> {
+fn import_block(driver: &driver::Driver, pool_fd: OwnedFd, device: i32, data: &PointerExport) -> Result<u64, crate::cuda::gpu::CuError> {
     let pool: Pool = driver.import_pool(pool_fd.as_fd())?;
     driver.set_peer_access(pool, device, true)?;
     driver.import_pointer(pool, data)
@@ -675,24 +551,15 @@ pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     // would map it again at the same address, and this unmapping undo it.
     // (IPC calls are not the allocation hot path.)
     let mut imports = lock(&IMPORTS);
-    let Some(imports) = imports.as_mut() else {
-        return real();
-    };
-    let Some((&key, open)) = imports.iter_mut().find(|(_, open)| open.ptr == ptr) else {
-        return real();
-    };
+    let Some(imports) = imports.as_mut() else { return real() };
+    let Some((&key, open)) = imports.iter_mut().find(|(_, open)| open.ptr == ptr) else { return real() };
     open.opens -= 1;
     if open.opens > 0 {
         return SUCCESS;
     }
     let closed = imports.remove(&key);
-    let Some(driver) = driver::loaded() else {
-        return SUCCESS;
-    };
-    if let Err(e) = driver
-        .synchronize_context()
-        .and_then(|_| driver.free_now(ptr))
-    {
+    let Some(driver) = driver::loaded() else { return SUCCESS };
+    if let Err(e) = driver.synchronize_context().and_then(|_| driver.free_now(ptr)) {
         log::warn!("CUDA IPC: unmapping the imported block at {ptr:#x} failed: {e:?}");
     }
     drop(closed); // the lease ends after the unmapping
@@ -710,11 +577,7 @@ pub struct ForkPause {
 /// import or close in progress (one holds `IMPORTS` across its exchange),
 /// so the child inherits no IPC lock held by a thread it will not have.
 pub fn before_fork() -> ForkPause {
-    ForkPause {
-        _server: lock(&SERVER),
-        _step: lock(&SERVER_STEP),
-        imports: lock(&IMPORTS),
-    }
+    ForkPause { _server: lock(&SERVER), _step: lock(&SERVER_STEP), imports: lock(&IMPORTS) }
 }
 
 impl ForkPause {

@@ -14,8 +14,8 @@
 use std::ffi::{c_int, c_uint, c_void};
 
 use crate::core::ptrmap::Block;
-use crate::cuda::driver;
 use crate::cuda::gpu::Context;
+use crate::cuda::driver;
 use crate::cuda::real::SUCCESS;
 
 use super::process::allocator_if_made;
@@ -54,15 +54,7 @@ fn answer(attribute: c_int, base: u64, block: &Block, context: Option<Context>) 
 }
 
 fn patched(attribute: c_int) -> bool {
-    matches!(
-        attribute,
-        CONTEXT
-            | IS_LEGACY_CUDA_IPC_CAPABLE
-            | RANGE_START_ADDR
-            | RANGE_SIZE
-            | ALLOWED_HANDLE_TYPES
-            | MEMPOOL_HANDLE
-    )
+    matches!(attribute, CONTEXT | IS_LEGACY_CUDA_IPC_CAPABLE | RANGE_START_ADDR | RANGE_SIZE | ALLOWED_HANDLE_TYPES | MEMPOOL_HANDLE)
 }
 
 /// The live block of the shim's holding `ptr`: its start and itself. The
@@ -88,12 +80,7 @@ unsafe fn write(data: *mut c_void, answer: Answer) {
 
 /// `cuPointerGetAttribute`.
 /// SAFETY: the arguments are as the C function requires.
-pub unsafe fn get_attribute(
-    data: *mut c_void,
-    attribute: c_int,
-    ptr: u64,
-    real: impl FnOnce() -> u32,
-) -> u32 {
+pub unsafe fn get_attribute(data: *mut c_void, attribute: c_int, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
     if rc != SUCCESS || !patched(attribute) {
         return rc;
@@ -122,20 +109,14 @@ pub unsafe fn get_attributes(
         return rc;
     }
     // SAFETY: the real call accepted `count` entries in each array.
-    let (attributes, data) = unsafe {
-        (
-            std::slice::from_raw_parts(attributes, count as usize),
-            std::slice::from_raw_parts(data, count as usize),
-        )
-    };
+    let (attributes, data) =
+        unsafe { (std::slice::from_raw_parts(attributes, count as usize), std::slice::from_raw_parts(data, count as usize)) };
     if !attributes.iter().copied().any(patched) {
         return rc;
     }
     if let Some((base, block, context)) = shim_block(ptr) {
         for (&attribute, &slot) in attributes.iter().zip(data) {
-            if let (false, Some(answer)) =
-                (slot.is_null(), answer(attribute, base, &block, context))
-            {
+            if let (false, Some(answer)) = (slot.is_null(), answer(attribute, base, &block, context)) {
                 // SAFETY: the real call succeeded, writing each non-null slot.
                 unsafe { write(slot, answer) };
             }
@@ -148,12 +129,7 @@ pub unsafe fn get_attributes(
 /// allocation behind a block kept for reuse may be larger than the request
 /// it now serves).
 /// SAFETY: `base` and `size` are null or writable, as the C contract requires.
-pub unsafe fn get_address_range(
-    base: *mut u64,
-    size: *mut usize,
-    ptr: u64,
-    real: impl FnOnce() -> u32,
-) -> u32 {
+pub unsafe fn get_address_range(base: *mut u64, size: *mut usize, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     let rc = real();
     if rc != SUCCESS {
         return rc;
@@ -178,42 +154,19 @@ mod tests {
     use crate::core::ptrmap::Memory;
 
     fn block(memory: Memory) -> Block {
-        Block {
-            device: 0,
-            size: 200,
-            caller: 0,
-            memory,
-        }
+        Block { device: 0, size: 200, caller: 0, memory }
     }
 
     #[test]
     fn a_device_block_answers_as_cuda_malloc_memory() {
         let device = block(Memory::Device);
         let context = Some(Context(0x1234 as *mut c_void));
-        assert_eq!(
-            answer(CONTEXT, 0x1000, &device, context),
-            Some(Answer::Word(0x1234))
-        );
-        assert_eq!(
-            answer(IS_LEGACY_CUDA_IPC_CAPABLE, 0x1000, &device, context),
-            Some(Answer::LowByte(1))
-        );
-        assert_eq!(
-            answer(RANGE_START_ADDR, 0x1000, &device, context),
-            Some(Answer::Word(0x1000))
-        );
-        assert_eq!(
-            answer(RANGE_SIZE, 0x1000, &device, context),
-            Some(Answer::Word(200))
-        );
-        assert_eq!(
-            answer(ALLOWED_HANDLE_TYPES, 0x1000, &device, context),
-            Some(Answer::LowByte(0))
-        );
-        assert_eq!(
-            answer(MEMPOOL_HANDLE, 0x1000, &device, context),
-            Some(Answer::Word(0))
-        );
+        assert_eq!(answer(CONTEXT, 0x1000, &device, context), Some(Answer::Word(0x1234)));
+        assert_eq!(answer(IS_LEGACY_CUDA_IPC_CAPABLE, 0x1000, &device, context), Some(Answer::LowByte(1)));
+        assert_eq!(answer(RANGE_START_ADDR, 0x1000, &device, context), Some(Answer::Word(0x1000)));
+        assert_eq!(answer(RANGE_SIZE, 0x1000, &device, context), Some(Answer::Word(200)));
+        assert_eq!(answer(ALLOWED_HANDLE_TYPES, 0x1000, &device, context), Some(Answer::LowByte(0)));
+        assert_eq!(answer(MEMPOOL_HANDLE, 0x1000, &device, context), Some(Answer::Word(0)));
     }
 
     #[test]
@@ -221,25 +174,15 @@ mod tests {
         let device = block(Memory::Device);
         for attribute in [2, 3, 4, 7, 8, 9, 13, 15, 16, 18, 19, 20, 21] {
             assert!(!patched(attribute), "attribute {attribute}");
-            assert_eq!(
-                answer(attribute, 0x1000, &device, None),
-                None,
-                "attribute {attribute}"
-            );
+            assert_eq!(answer(attribute, 0x1000, &device, None), None, "attribute {attribute}");
         }
     }
 
     #[test]
     fn pinned_host_blocks_keep_the_drivers_legacy_ipc_answer() {
         let host = block(Memory::Host { flags: 2 });
-        assert_eq!(
-            answer(IS_LEGACY_CUDA_IPC_CAPABLE, 0x1000, &host, None),
-            None
-        );
-        assert_eq!(
-            answer(RANGE_START_ADDR, 0x1000, &host, None),
-            Some(Answer::Word(0x1000))
-        );
+        assert_eq!(answer(IS_LEGACY_CUDA_IPC_CAPABLE, 0x1000, &host, None), None);
+        assert_eq!(answer(RANGE_START_ADDR, 0x1000, &host, None), Some(Answer::Word(0x1000)));
     }
 
     #[test]

@@ -74,11 +74,7 @@ pub fn arm_process_handlers() {
     // SAFETY: the handlers are plain extern "C" fns with no arguments.
     ARMED.call_once(|| unsafe {
         libc::atexit(at_exit);
-        libc::pthread_atfork(
-            Some(before_fork),
-            Some(after_fork_in_parent),
-            Some(after_fork_in_child),
-        );
+        libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child));
     });
 }
 

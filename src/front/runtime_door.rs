@@ -43,3 +43,4 @@ pub fn current_device() -> Option<i32> {
     // SAFETY: one out-pointer to a local.
     (unsafe { cuda::cudaGetDevice(&mut device) } == SUCCESS).then_some(device)
 }
+

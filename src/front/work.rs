@@ -31,16 +31,9 @@ pub const CHECKED_CUDA_VERSION: i32 = 13000;
 /// Runs `real`, a driver call that issues work on `streams` (`null`: what a
 /// null handle names there), between the core's steps for them
 /// (`Allocator::issue_work`) where work is tracked.
-pub fn issue(
-    allocator: &Allocator,
-    null: NullStream,
-    streams: &[Stream],
-    real: impl FnOnce() -> u32,
-) -> u32 {
+pub fn issue(allocator: &Allocator, null: NullStream, streams: &[Stream], real: impl FnOnce() -> u32) -> u32 {
     match driver::loaded() {
-        Some(driver) if tracked(&allocator.config) => {
-            allocator.issue_work(driver, streams, null, real)
-        }
+        Some(driver) if tracked(&allocator.config) => allocator.issue_work(driver, streams, null, real),
         _ => real(),
     }
 }
@@ -138,10 +131,7 @@ pub unsafe fn launch_list_streams(list: usize, count: usize) -> Vec<Stream> {
     }
     // SAFETY: as the caller promises.
     let launches = unsafe { std::slice::from_raw_parts(list, count) };
-    launches
-        .iter()
-        .map(|launch| Stream(launch.hStream.cast()))
-        .collect()
+    launches.iter().map(|launch| Stream(launch.hStream.cast())).collect()
 }
 
 #[cfg(test)]
@@ -150,20 +140,10 @@ mod tests {
 
     #[test]
     fn a_null_stream_is_the_per_thread_one_in_per_thread_variants_only() {
-        for name in [
-            "cuLaunchKernel_ptsz",
-            "cuMemcpyHtoD_v2_ptds",
-            "cuMemsetD8Async_ptsz",
-        ] {
+        for name in ["cuLaunchKernel_ptsz", "cuMemcpyHtoD_v2_ptds", "cuMemsetD8Async_ptsz"] {
             assert_eq!(null_stream(name), NullStream::PerThread, "{name}");
         }
-        for name in [
-            "cuLaunchKernel",
-            "cuMemcpyHtoDAsync_v2",
-            "_ptsz_not_at_the_end",
-            "ptsz",
-            "",
-        ] {
+        for name in ["cuLaunchKernel", "cuMemcpyHtoDAsync_v2", "_ptsz_not_at_the_end", "ptsz", ""] {
             assert_eq!(null_stream(name), NullStream::Legacy, "{name}");
         }
     }

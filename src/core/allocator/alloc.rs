@@ -63,32 +63,17 @@ impl Allocator {
         memory: Memory,
     ) -> Result<u64, Unserved> {
         let device = self.device(driver, context)?;
-        let device = if memory.is_host() {
-            self.host_pool(driver, &device)?
-        } else {
-            device
-        };
+        let device = if memory.is_host() { self.host_pool(driver, &device)? } else { device };
         self.issue_deferred_frees(driver);
-        let block = Block {
-            device: device.ordinal,
-            size,
-            caller,
-            memory,
-        };
+        let block = Block { device: device.ordinal, size, caller, memory };
         match self.serve(driver, &device, size) {
             Ok(served) => {
                 let ptr = match served {
                     Served::Cached(ptr) => {
                         if !self.map.reissue(ptr, block) {
-                            log::warn!(
-                                "pointer map was stale at {ptr:#x}: a cached block was not pending"
-                            );
+                            log::warn!("pointer map was stale at {ptr:#x}: a cached block was not pending");
                         }
-                        self.stats
-                            .counters(device.ordinal, device.host)
-                            .tally()
-                            .cache_hits
-                            .fetch_add(1, Ordering::Relaxed);
+                        self.stats.counters(device.ordinal, device.host).tally().cache_hits.fetch_add(1, Ordering::Relaxed);
                         ptr
                     }
                     Served::Pool(ptr) => {
@@ -99,27 +84,17 @@ impl Allocator {
                     }
                 };
                 let in_use = self.stats.pooled_alloc(device.ordinal, device.host, size);
-                let op = if device.host {
-                    Op::HostAlloc
-                } else {
-                    Op::Alloc
-                };
+                let op = if device.host { Op::HostAlloc } else { Op::Alloc };
                 self.observe(driver, &device, op, size, ptr, in_use);
                 Ok(ptr)
             }
             Err(AllocFailure::OutOfMemory) => Err(Passthrough::PoolOutOfMemory.into()),
             Err(AllocFailure::OverLimit) => {
-                self.stats
-                    .device(device.ordinal)
-                    .limit_refusals
-                    .fetch_add(1, Ordering::Relaxed);
+                self.stats.device(device.ordinal).limit_refusals.fetch_add(1, Ordering::Relaxed);
                 Err(Unserved::OverMemoryLimit)
             }
             Err(AllocFailure::Driver(e)) => {
-                log::warn!(
-                    "device {}: pool allocation of {size} bytes failed: {e:?}",
-                    device.ordinal
-                );
+                log::warn!("device {}: pool allocation of {size} bytes failed: {e:?}", device.ordinal);
                 Err(Passthrough::PoolError.into())
             }
         }
@@ -166,9 +141,7 @@ impl Allocator {
                 counters.oom_retries.fetch_add(1, Ordering::Relaxed);
                 self.reclaim(driver, device, Wait::All);
                 match device.alloc(driver, size, quiet, false) {
-                    Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) => {
-                        device.alloc(driver, size, quiet, true)
-                    }
+                    Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) => device.alloc(driver, size, quiet, true),
                     other => other,
                 }
             }

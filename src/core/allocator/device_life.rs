@@ -24,36 +24,22 @@ struct Forgotten {
 impl Forgotten {
     /// Each pool with its blocks.
     fn pools(&self) -> impl Iterator<Item = (&Arc<Device>, &[u64])> {
-        let host = self
-            .host
-            .as_ref()
-            .map(|host| (host, self.host_blocks.as_slice()));
+        let host = self.host.as_ref().map(|host| (host, self.host_blocks.as_slice()));
         std::iter::once((&self.device, self.device_blocks.as_slice())).chain(host)
     }
 }
 
 impl Allocator {
     /// The pool of the current context's device, set up on first use.
-    pub(super) fn device(
-        &self,
-        driver: &impl Gpu,
-        context: Context,
-    ) -> Result<Arc<Device>, Passthrough> {
+    pub(super) fn device(&self, driver: &impl Gpu, context: Context) -> Result<Arc<Device>, Passthrough> {
         // A pooled context is found without asking the driver for its device.
         let pooled = self.pooled_device_of(context);
-        if let Some(device) =
-            pooled.filter(|d| driver.context_id(context).ok() == Some(d.context_id))
-        {
+        if let Some(device) = pooled.filter(|d| driver.context_id(context).ok() == Some(d.context_id)) {
             return Ok(device);
         }
-        let ordinal = driver
-            .current_device()
-            .map_err(|_| Passthrough::NoContext)?;
+        let ordinal = driver.current_device().map_err(|_| Passthrough::NoContext)?;
         let index = usize::try_from(ordinal).map_err(|_| Passthrough::NoContext)?;
-        match self
-            .devices
-            .set_up_once(index, || self.set_up(driver, ordinal, context))
-        {
+        match self.devices.set_up_once(index, || self.set_up(driver, ordinal, context)) {
             PoolSlot::Pooled(device) if device.context == context => {
                 if driver.context_id(context).ok() == Some(device.context_id) {
                     Ok(device)
@@ -71,12 +57,7 @@ impl Allocator {
     /// Whether the pool of `ordinal` still belongs to the device's current
     /// primary context. A reset by a path the shim does not wrap shows in the
     /// context's ID. `current`: the current context.
-    pub(super) fn is_current_incarnation(
-        &self,
-        driver: &impl Gpu,
-        ordinal: i32,
-        current: Option<Context>,
-    ) -> bool {
+    pub(super) fn is_current_incarnation(&self, driver: &impl Gpu, ordinal: i32, current: Option<Context>) -> bool {
         let Some(device) = self.known_device(ordinal) else {
             return true;
         };
@@ -95,9 +76,7 @@ impl Allocator {
         match driver.supports_pools(ordinal) {
             Ok(true) => {}
             Ok(false) => {
-                log::info!(
-                    "device {ordinal} has no memory pool support: its allocations pass through"
-                );
+                log::info!("device {ordinal} has no memory pool support: its allocations pass through");
                 return PoolSlot::Unpooled(Passthrough::NoPoolSupport);
             }
             Err(e) => {
@@ -130,16 +109,9 @@ impl Allocator {
 
     /// The pinned host memory pool made for `device` (whose context is
     /// current), set up on first use.
-    pub(super) fn host_pool(
-        &self,
-        driver: &impl Gpu,
-        device: &Arc<Device>,
-    ) -> Result<Arc<Device>, Passthrough> {
+    pub(super) fn host_pool(&self, driver: &impl Gpu, device: &Arc<Device>) -> Result<Arc<Device>, Passthrough> {
         let index = usize::try_from(device.ordinal).map_err(|_| Passthrough::NoContext)?;
-        match self
-            .hosts
-            .set_up_once(index, || self.set_up_host(driver, device))
-        {
+        match self.hosts.set_up_once(index, || self.set_up_host(driver, device)) {
             PoolSlot::Pooled(host) => Ok(host),
             PoolSlot::Unpooled(reason) => Err(reason),
             PoolSlot::Unseen => Err(Passthrough::NoHostPoolSupport),
@@ -155,9 +127,7 @@ impl Allocator {
                 return PoolSlot::Unpooled(Passthrough::SeveralDevices);
             }
             Err(e) => {
-                log::warn!(
-                    "cannot count the devices ({e:?}): pinned host allocations pass through"
-                );
+                log::warn!("cannot count the devices ({e:?}): pinned host allocations pass through");
                 return PoolSlot::Unpooled(Passthrough::NoHostPoolSupport);
             }
         }
@@ -188,10 +158,7 @@ impl Allocator {
             write(&self.streams).forget_context(context);
         }
         if let Some(forgotten) = self.forget_device(ordinal) {
-            let count = forgotten
-                .pools()
-                .map(|(_, blocks)| blocks.len())
-                .sum::<usize>();
+            let count = forgotten.pools().map(|(_, blocks)| blocks.len()).sum::<usize>();
             let _ = driver.with_context(forgotten.device.context, || {
                 for (pool, blocks) in forgotten.pools() {
                     pool.destroy(driver, blocks);
@@ -221,40 +188,22 @@ impl Allocator {
         self.shared_blocks.forget_device(ordinal);
         let deferred: Vec<(u64, Block)> = {
             let mut deferred = lock(&self.deferred);
-            let (of_device, others) = deferred
-                .drain(..)
-                .partition(|(_, block)| block.device == ordinal);
+            let (of_device, others) = deferred.drain(..).partition(|(_, block)| block.device == ordinal);
             *deferred = others;
             of_device
         };
         for kind in [MemoryKind::Device, MemoryKind::Host] {
-            let bytes = live
-                .iter()
-                .filter(|(_, b)| b.memory.kind() == kind)
-                .map(|(_, b)| b.size)
-                .sum();
-            self.stats
-                .no_longer_in_use(ordinal, kind == MemoryKind::Host, bytes);
+            let bytes = live.iter().filter(|(_, b)| b.memory.kind() == kind).map(|(_, b)| b.size).sum();
+            self.stats.no_longer_in_use(ordinal, kind == MemoryKind::Host, bytes);
         }
         lock(&self.peer_grants).retain(|&(_, accessor)| accessor != ordinal);
         let device = removed?;
         write(&self.streams).forget_context(device.context);
-        log::debug!(
-            "device {ordinal}: forgot its pools and {} pointer(s)",
-            live.len() + deferred.len()
-        );
-        let (host_blocks, device_blocks): (Vec<_>, Vec<_>) = live
-            .into_iter()
-            .chain(deferred)
-            .partition(|(_, block)| block.memory.is_host());
-        let addresses =
-            |blocks: Vec<(u64, Block)>| blocks.into_iter().map(|(ptr, _)| ptr).collect();
-        Some(Forgotten {
-            device,
-            host,
-            device_blocks: addresses(device_blocks),
-            host_blocks: addresses(host_blocks),
-        })
+        log::debug!("device {ordinal}: forgot its pools and {} pointer(s)", live.len() + deferred.len());
+        let (host_blocks, device_blocks): (Vec<_>, Vec<_>) =
+            live.into_iter().chain(deferred).partition(|(_, block)| block.memory.is_host());
+        let addresses = |blocks: Vec<(u64, Block)>| blocks.into_iter().map(|(ptr, _)| ptr).collect();
+        Some(Forgotten { device, host, device_blocks: addresses(device_blocks), host_blocks: addresses(host_blocks) })
     }
 
     /// `accessor` gained (or lost) peer access to `owner`'s memory.

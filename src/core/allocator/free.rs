@@ -70,9 +70,7 @@ impl Allocator {
         self.free_block(driver, current, ptr, block);
         drop(captures);
         self.issue_deferred_frees(driver);
-        Freed::Issued {
-            device: block.device,
-        }
+        Freed::Issued { device: block.device }
     }
 
     /// Queues the block's return to its pool after all work issued so far.
@@ -80,74 +78,44 @@ impl Allocator {
     /// progress. `current`: the current context.
     fn free_block(&self, driver: &impl Gpu, current: Option<Context>, ptr: u64, block: Block) {
         let Some(device) = self.pool_of(&block) else {
-            log::warn!(
-                "free of {ptr:#x} on device {}, which has no pool",
-                block.device
-            );
+            log::warn!("free of {ptr:#x} on device {}, which has no pool", block.device);
             return;
         };
         let result = driver.with_context_from(current, device.context, || {
             // Held through the free: no stream of the context is made or destroyed meanwhile.
             let mut registry = read(&self.streams);
-            if registry
-                .streams_of(device.context)
-                .is_some_and(|streams| !streams.tails.is_empty())
-            {
+            if registry.streams_of(device.context).is_some_and(|streams| !streams.tails.is_empty()) {
                 drop(registry);
                 self.retire_passed_tails(driver, device.context);
                 registry = read(&self.streams);
             }
-            device.free(
-                driver,
-                ptr,
-                block.size,
-                &registry.predecessors(device.context),
-                &self.map,
-                &self.side_work,
-            )
+            device.free(driver, ptr, block.size, &registry.predecessors(device.context), &self.map, &self.side_work)
         });
         let counters = self.stats.counters(device.ordinal, device.host);
         match result.and_then(|r| r) {
-            Ok(FreePath::Legacy) => counters
-                .tally()
-                .legacy_stream_frees
-                .fetch_add(1, Ordering::Relaxed),
+            Ok(FreePath::Legacy) => counters.tally().legacy_stream_frees.fetch_add(1, Ordering::Relaxed),
             Ok(FreePath::LegacyCached { marked }) => {
                 raise_peak(&counters.peak_held, device.held_bytes());
                 if marked {
-                    counters
-                        .tally()
-                        .legacy_marked_frees
-                        .fetch_add(1, Ordering::Relaxed);
+                    counters.tally().legacy_marked_frees.fetch_add(1, Ordering::Relaxed);
                 }
                 if !self.reclaimer.running() {
                     // Started for the cache's ageing; once running, its idle
                     // steps age it (a wake per free would keep it stepping).
                     self.reclaimer.wake();
                 }
-                counters
-                    .tally()
-                    .legacy_cached_frees
-                    .fetch_add(1, Ordering::Relaxed)
+                counters.tally().legacy_cached_frees.fetch_add(1, Ordering::Relaxed)
             }
             Ok(path @ (FreePath::Barrier | FreePath::Queued)) => {
                 self.reclaimer.wake();
                 raise_peak(&counters.peak_held, device.held_bytes());
                 let tally = counters.tally();
-                let frees = if path == FreePath::Barrier {
-                    &tally.barrier_frees
-                } else {
-                    &tally.queued_frees
-                };
+                let frees = if path == FreePath::Barrier { &tally.barrier_frees } else { &tally.queued_frees };
                 frees.fetch_add(1, Ordering::Relaxed)
             }
             // Without the ordering the block cannot be reused safely: it stays allocated.
             Err(e) => {
-                log::warn!(
-                    "device {}: free of {ptr:#x} failed, leaking {} bytes: {e:?}",
-                    block.device,
-                    block.size
-                );
+                log::warn!("device {}: free of {ptr:#x} failed, leaking {} bytes: {e:?}", block.device, block.size);
                 0
             }
         };
@@ -175,12 +143,7 @@ impl Allocator {
     /// The program frees `ptr` itself (`cudaFreeAsync`, which `real_free`
     /// calls; true if it succeeded): the map forgets a live block; a pending
     /// one makes this a double free, which `real_free` never sees.
-    pub fn forget(
-        &self,
-        driver: Option<&impl Gpu>,
-        ptr: u64,
-        real_free: impl FnOnce() -> bool,
-    ) -> Freed {
+    pub fn forget(&self, driver: Option<&impl Gpu>, ptr: u64, real_free: impl FnOnce() -> bool) -> Freed {
         let claim = match self.map.claim_for_free_async(ptr) {
             Claim::Shared(block) if self.shared_blocks.freed(ptr, block) => {
                 // Held for its importers, then freed by the shim, not by `real_free`.
@@ -206,9 +169,7 @@ impl Allocator {
                         real_free();
                     }
                 }
-                Freed::Issued {
-                    device: block.device,
-                }
+                Freed::Issued { device: block.device }
             }
             Claim::Pending | Claim::Shared(_) => Freed::DoubleFree,
             Claim::OtherMemory => Freed::OtherMemory,
@@ -233,10 +194,7 @@ impl Allocator {
                 device.order_before_program_free(driver, &registry.predecessors(device.context))
             });
             if let Err(e) = ordered.and_then(|r| r) {
-                log::warn!(
-                    "device {}: ordering streams before a cudaFreeAsync failed: {e:?}",
-                    device.ordinal
-                );
+                log::warn!("device {}: ordering streams before a cudaFreeAsync failed: {e:?}", device.ordinal);
             }
         }
         real_free();
@@ -247,10 +205,7 @@ impl Allocator {
         if let Some(device) = self.known_device(device) {
             let result = driver.with_context(device.context, || driver.synchronize_context());
             if let Err(e) = result.and_then(|r| r) {
-                log::warn!(
-                    "device {}: synchronizing after a free failed: {e:?}",
-                    device.ordinal
-                );
+                log::warn!("device {}: synchronizing after a free failed: {e:?}", device.ordinal);
             }
         }
     }
@@ -281,10 +236,7 @@ impl Allocator {
             }
             match driver.with_context(device.context, || self.reclaim(driver, &device, Wait::No)) {
                 Ok(this) => activity = activity.and(this),
-                Err(e) => log::warn!(
-                    "device {}: cannot make its context current: {e:?}",
-                    device.ordinal
-                ),
+                Err(e) => log::warn!("device {}: cannot make its context current: {e:?}", device.ordinal),
             }
         }
         activity
@@ -296,12 +248,6 @@ impl Allocator {
     pub(super) fn reclaim(&self, driver: &impl Gpu, device: &Device, wait: Wait) -> Activity {
         let registry = read(&self.streams);
         let after = registry.predecessors(device.context);
-        device.reclaim(
-            driver,
-            &after,
-            &self.map,
-            wait,
-            self.stats.counters(device.ordinal, device.host),
-        )
+        device.reclaim(driver, &after, &self.map, wait, self.stats.counters(device.ordinal, device.host))
     }
 }

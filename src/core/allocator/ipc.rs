@@ -13,12 +13,7 @@ impl Allocator {
     /// Exports the live pool block at `base` through CUDA IPC: the secret of
     /// its handle (`new_secret` draws one for a new export) and the block.
     /// None where the shim cannot export it: the real call answers.
-    pub fn export(
-        &self,
-        driver: &impl Gpu,
-        base: u64,
-        new_secret: impl FnOnce() -> Option<Secret>,
-    ) -> Option<(Secret, Block)> {
+    pub fn export(&self, driver: &impl Gpu, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
         let block = self.map.live_block(base)?;
         if self.map.live_shared_block(base).is_none() {
             // A new allocation: its earlier work must be done before an
@@ -30,14 +25,8 @@ impl Allocator {
                 return None;
             }
             let device = self.known_device(block.device)?;
-            if let Err(e) = driver
-                .with_context(device.context, || device.wait_before_export(driver))
-                .and_then(|r| r)
-            {
-                log::warn!(
-                    "device {}: waiting for the legacy stream before an export failed: {e:?}",
-                    block.device
-                );
+            if let Err(e) = driver.with_context(device.context, || device.wait_before_export(driver)).and_then(|r| r) {
+                log::warn!("device {}: waiting for the legacy stream before an export failed: {e:?}", block.device);
                 return None;
             }
         }
@@ -66,8 +55,6 @@ impl Allocator {
     /// pool can be shared with other processes.
     pub fn shareable_pool(&self, ordinal: i32, size: u64) -> Option<(Pool, Context, u64)> {
         let device = self.known_device(ordinal)?;
-        device
-            .shareable_pool(size)
-            .map(|pool| (pool, device.context, device.context_id))
+        device.shareable_pool(size).map(|pool| (pool, device.context, device.context_id))
     }
 }

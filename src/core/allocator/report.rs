@@ -16,52 +16,26 @@ use crate::cuda::gpu::Gpu;
 impl Allocator {
     /// Counts a pool block leaving the program's hands.
     pub(super) fn freed(&self, driver: &impl Gpu, op: Op, ptr: u64, block: Block) {
-        let in_use = self
-            .stats
-            .pooled_free(block.device, block.memory.is_host(), block.size);
+        let in_use = self.stats.pooled_free(block.device, block.memory.is_host(), block.size);
         if let (Some(trace), Some(device)) = (&self.trace, self.pool_of(&block)) {
-            trace.record(
-                block.device,
-                op,
-                block.size,
-                ptr,
-                in_use,
-                device.reserved(driver),
-            );
+            trace.record(block.device, op, block.size, ptr, in_use, device.reserved(driver));
         }
     }
 
     /// After a pool allocation: the trace, and the reserved peak behind a new
     /// in-use peak (kept for when the pool cannot be asked at exit).
-    pub(super) fn observe(
-        &self,
-        driver: &impl Gpu,
-        device: &Device,
-        op: Op,
-        size: u64,
-        ptr: u64,
-        in_use: u64,
-    ) {
+    pub(super) fn observe(&self, driver: &impl Gpu, device: &Device, op: Op, size: u64, ptr: u64, in_use: u64) {
         if !self.reporting() {
             return;
         }
         let counters = self.stats.counters(device.ordinal, device.host);
         if in_use >= counters.peak_in_use.load(Ordering::Relaxed) {
             if let Some(peaks) = device.peaks(driver) {
-                counters
-                    .reserved_high_seen
-                    .fetch_max(peaks.reserved_high, Ordering::Relaxed);
+                counters.reserved_high_seen.fetch_max(peaks.reserved_high, Ordering::Relaxed);
             }
         }
         if let Some(trace) = &self.trace {
-            trace.record(
-                device.ordinal,
-                op,
-                size,
-                ptr,
-                in_use,
-                device.reserved(driver),
-            );
+            trace.record(device.ordinal, op, size, ptr, in_use, device.reserved(driver));
         }
     }
 
@@ -86,10 +60,7 @@ impl Allocator {
         if limit >= total {
             return (free, total);
         }
-        let held = pool
-            .as_ref()
-            .map_or(0, |d| d.reserved(driver))
-            .saturating_sub(idle);
+        let held = pool.as_ref().map_or(0, |d| d.reserved(driver)).saturating_sub(idle);
         (free.min(limit.saturating_sub(held)), limit)
     }
 
@@ -99,19 +70,10 @@ impl Allocator {
             trace.flush();
         }
         let peaks = |ordinal: i32, host: bool| -> Option<PoolPeaks> {
-            let live = self
-                .pool_numbered(ordinal, host)
-                .and_then(|d| driver.and_then(|drv| d.peaks(drv)));
+            let live = self.pool_numbered(ordinal, host).and_then(|d| driver.and_then(|drv| d.peaks(drv)));
             live.or_else(|| {
-                let seen = self
-                    .stats
-                    .counters(ordinal, host)
-                    .reserved_high_seen
-                    .load(Ordering::Relaxed);
-                (seen > 0).then_some(PoolPeaks {
-                    used_high: 0,
-                    reserved_high: seen,
-                })
+                let seen = self.stats.counters(ordinal, host).reserved_high_seen.load(Ordering::Relaxed);
+                (seen > 0).then_some(PoolPeaks { used_high: 0, reserved_high: seen })
             })
         };
         let rows_lost = self.trace.as_ref().map_or(0, Trace::rows_lost);
@@ -132,9 +94,7 @@ impl Allocator {
                     })
                 });
                 if let Err(e) = written {
-                    eprintln!(
-                        "somashim: cannot write statistics to {path}: {e}; they follow on stderr"
-                    );
+                    eprintln!("somashim: cannot write statistics to {path}: {e}; they follow on stderr");
                     eprint!("{table}");
                 }
             }

@@ -58,11 +58,7 @@ impl Allocator {
     /// file, if any (a file that cannot be written is logged and skipped).
     pub fn new(config: Config) -> Allocator {
         let trace = config.trace.as_deref().and_then(|path| {
-            Trace::create(path)
-                .map_err(|e| {
-                    log::warn!("cannot write the trace to {path}: {e}; no trace is written")
-                })
-                .ok()
+            Trace::create(path).map_err(|e| log::warn!("cannot write the trace to {path}: {e}; no trace is written")).ok()
         });
         Allocator {
             config,
@@ -116,11 +112,7 @@ impl Allocator {
 
     /// Device `ordinal`'s pool, or (`host`) its pinned host memory pool.
     pub(super) fn pool_numbered(&self, ordinal: i32, host: bool) -> Option<Arc<Device>> {
-        if host {
-            self.hosts.pool(ordinal)
-        } else {
-            self.devices.pool(ordinal)
-        }
+        if host { self.hosts.pool(ordinal) } else { self.devices.pool(ordinal) }
     }
 
     /// The pooled device whose primary context is `context`, if any.

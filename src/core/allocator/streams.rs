@@ -36,28 +36,17 @@ impl Allocator {
         let host_waits = {
             let mut registry = write(&self.streams);
             let live = registry.add(context, stream, tracked);
-            log::debug!(
-                "non-blocking stream {:?} made: {live} live in its context",
-                stream.0
-            );
+            log::debug!("non-blocking stream {:?} made: {live} live in its context", stream.0);
             if tracked {
                 self.work_tracked.store(true, Ordering::Relaxed);
             }
             // A host wait on the legacy stream would break a global capture.
-            device.as_ref().map(|device| {
-                (
-                    device,
-                    device.leave_legacy_stream(driver, stream, !captures.is_empty()),
-                )
-            })
+            device.as_ref().map(|device| (device, device.leave_legacy_stream(driver, stream, !captures.is_empty())))
         };
         // The host waits without the registry: frees of other threads go on.
         if let Some((device, wait)) = host_waits {
             if let Err(e) = wait.and_then(|wait| device.wait_for_new_stream(driver, stream, wait)) {
-                log::warn!(
-                    "device {}: waiting for the legacy stream failed: {e:?}",
-                    device.ordinal
-                );
+                log::warn!("device {}: waiting for the legacy stream failed: {e:?}", device.ordinal);
             }
         }
     }
@@ -99,16 +88,10 @@ impl Allocator {
         let _retiring = ClearOnDrop(&self.retiring_tails);
         let (forgotten, tails) = {
             let registry = read(&self.streams);
-            let tails = registry
-                .streams_of(context)
-                .map(|streams| streams.tails.clone())
-                .unwrap_or_default();
+            let tails = registry.streams_of(context).map(|streams| streams.tails.clone()).unwrap_or_default();
             (registry.forgotten, tails)
         };
-        let passed: HashSet<Event> = tails
-            .into_iter()
-            .filter(|&tail| driver.has_passed(tail))
-            .collect();
+        let passed: HashSet<Event> = tails.into_iter().filter(|&tail| driver.has_passed(tail)).collect();
         if passed.is_empty() {
             return;
         }
@@ -146,10 +129,7 @@ impl Allocator {
                 one = self.before_work(driver, *stream);
                 one.as_slice()
             } else {
-                many = streams
-                    .iter()
-                    .filter_map(|&stream| self.before_work(driver, stream))
-                    .collect();
+                many = streams.iter().filter_map(|&stream| self.before_work(driver, stream)).collect();
                 many.as_slice()
             };
             tracked.iter().for_each(|work| work.starting());
@@ -205,22 +185,13 @@ impl Allocator {
     }
 
     /// Runs the real `begin` with captures locked, recording it if it succeeded.
-    pub fn begin_capture(
-        &self,
-        driver: Option<&impl Gpu>,
-        stream: Stream,
-        begin: impl FnOnce() -> bool,
-    ) {
+    pub fn begin_capture(&self, driver: Option<&impl Gpu>, stream: Stream, begin: impl FnOnce() -> bool) {
         let mut captures = write(&self.captures);
         if let (true, Some(driver)) = (captures.is_empty(), driver) {
             for device in self.devices.pools() {
-                let marked =
-                    driver.with_context(device.context, || device.mark_before_capture(driver));
+                let marked = driver.with_context(device.context, || device.mark_before_capture(driver));
                 if let Err(e) = marked.and_then(|r| r) {
-                    log::warn!(
-                        "device {}: marking the legacy stream before a capture failed: {e:?}",
-                        device.ordinal
-                    );
+                    log::warn!("device {}: marking the legacy stream before a capture failed: {e:?}", device.ordinal);
                 }
             }
         }
@@ -230,12 +201,7 @@ impl Allocator {
     }
 
     /// Runs the real `end`; the capture is over whatever it returns.
-    pub fn end_capture<T>(
-        &self,
-        driver: Option<&impl Gpu>,
-        stream: Stream,
-        end: impl FnOnce() -> T,
-    ) -> T {
+    pub fn end_capture<T>(&self, driver: Option<&impl Gpu>, stream: Stream, end: impl FnOnce() -> T) -> T {
         let result = {
             let mut captures = write(&self.captures);
             let result = end();

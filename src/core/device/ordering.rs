@@ -141,25 +141,14 @@ impl Device {
     /// stream may be capturing, and `after` must stay the device's streams
     /// until this returns. Whether frees are still pending after it, and the
     /// time spent ordering a batch.
-    pub fn reclaim(
-        &self,
-        driver: &impl Gpu,
-        after: &Predecessors,
-        map: &PointerMap,
-        wait: Wait,
-        counters: &DeviceCounters,
-    ) -> Activity {
+    pub fn reclaim(&self, driver: &impl Gpu, after: &Predecessors, map: &PointerMap, wait: Wait, counters: &DeviceCounters) -> Activity {
         let reclaiming = match wait {
             Wait::No => self.pending.try_reclaiming(),
             Wait::Ordered | Wait::UnderBound(_) | Wait::All => Some(self.pending.reclaiming()),
         };
         let Some(mut r) = reclaiming else {
             // Another thread is at it.
-            return if self.pending.busy() {
-                Activity::Pending(Duration::ZERO)
-            } else {
-                Activity::Idle
-            };
+            return if self.pending.busy() { Activity::Pending(Duration::ZERO) } else { Activity::Idle };
         };
         let started = Instant::now();
         let to_pool = |ptr, in_legacy_order| self.return_to_pool(driver, ptr, in_legacy_order);
@@ -171,14 +160,10 @@ impl Device {
         let behind_barrier = self.order == FreeOrder::Barrier || limited;
         let batch = match queued {
             None => Ok(None),
-            Some(queued) if behind_barrier => self
-                .pending
-                .order_behind_barrier(&mut r, driver, self.join_stream, after, queued)
-                .map(Some),
-            Some(queued) => self
-                .pending
-                .join(&mut r, driver, self.join_stream, after, queued)
-                .map(Some),
+            Some(queued) if behind_barrier => {
+                self.pending.order_behind_barrier(&mut r, driver, self.join_stream, after, queued).map(Some)
+            }
+            Some(queued) => self.pending.join(&mut r, driver, self.join_stream, after, queued).map(Some),
         };
         let ordering = started.elapsed();
         match batch {
@@ -186,10 +171,7 @@ impl Device {
                 counters.batches.fetch_add(1, Relaxed);
                 raise_peak(&counters.batch_streams_high, after.nonblocking.len() as u64);
                 add_saturating(&counters.streams_asked, asked as u64);
-                add_saturating(
-                    &counters.batch_nanos,
-                    u64::try_from(ordering.as_nanos()).unwrap_or(u64::MAX),
-                );
+                add_saturating(&counters.batch_nanos, u64::try_from(ordering.as_nanos()).unwrap_or(u64::MAX));
                 if limited {
                     counters.limit_barriers.fetch_add(1, Relaxed);
                 }
@@ -204,15 +186,9 @@ impl Device {
             // or the streams and events in it, under the reclaimer: the
             // program's next call notices it.
             Err(e) if e == CONTEXT_IS_DESTROYED || self.was_reset(driver) => {
-                log::debug!(
-                    "device {}: context destroyed or reset ({e:?})",
-                    self.ordinal
-                )
+                log::debug!("device {}: context destroyed or reset ({e:?})", self.ordinal)
             }
-            Err(e) => log::warn!(
-                "device {}: ordering frees after earlier work failed: {e:?}",
-                self.ordinal
-            ),
+            Err(e) => log::warn!("device {}: ordering frees after earlier work failed: {e:?}", self.ordinal),
         }
         self.pending.collect_passed(&mut r, driver);
         match wait {
@@ -220,13 +196,8 @@ impl Device {
             // the rest is of more use to the pool. (Pinned host memory: the
             // host waits for the rest instead, `UnderBound`.)
             Wait::No | Wait::Ordered => {
-                let within = if self.host {
-                    u64::MAX
-                } else {
-                    self.pending_free_limit
-                };
-                self.pending
-                    .release_cached(Keep::Young { within }, map, to_pool)
+                let within = if self.host { u64::MAX } else { self.pending_free_limit };
+                self.pending.release_cached(Keep::Young { within }, map, to_pool)
             }
             Wait::UnderBound(in_use) => {
                 // Cached blocks of other sizes are of use to the pool, not to this request.
@@ -255,10 +226,7 @@ impl Device {
 
     fn wait_oldest(&self, r: &mut Reclaiming, driver: &impl Gpu) -> bool {
         self.pending.wait_oldest(r, driver).unwrap_or_else(|e| {
-            log::warn!(
-                "device {}: waiting for earlier work failed: {e:?}",
-                self.ordinal
-            );
+            log::warn!("device {}: waiting for earlier work failed: {e:?}", self.ordinal);
             false
         })
     }
@@ -269,16 +237,9 @@ impl Device {
     /// on that stream, where allocations reuse it in its order (and others
     /// only once the GPU has passed it).
     fn return_to_pool(&self, driver: &impl Gpu, ptr: u64, in_legacy_order: bool) {
-        let stream = if in_legacy_order {
-            Stream::LEGACY
-        } else {
-            self.pool_stream
-        };
+        let stream = if in_legacy_order { Stream::LEGACY } else { self.pool_stream };
         if let Err(e) = driver.free_async(ptr, stream) {
-            log::warn!(
-                "device {}: returning a block to the pool failed: {e:?}",
-                self.ordinal
-            );
+            log::warn!("device {}: returning a block to the pool failed: {e:?}", self.ordinal);
         }
     }
 
@@ -306,11 +267,7 @@ impl Device {
         let only_blocking = !self.host && after.nonblocking.is_empty() && after.tails.is_empty();
         let on_legacy = only_blocking || self.order == FreeOrder::Barrier;
         if self.switch_streams(on_legacy) {
-            log::debug!(
-                "device {}: allocations on the {} stream",
-                self.ordinal,
-                if on_legacy { "legacy" } else { "pool" }
-            );
+            log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });
         }
         let keep = only_blocking
             && match self.legacy_cache {
@@ -341,11 +298,7 @@ impl Device {
             return Ok(FreePath::Legacy);
         }
         self.pending.queue(ptr, size);
-        Ok(if on_legacy {
-            FreePath::Barrier
-        } else {
-            FreePath::Queued
-        })
+        Ok(if on_legacy { FreePath::Barrier } else { FreePath::Queued })
     }
 
     /// Orders a block kept in the legacy stream's order before its next
@@ -357,9 +310,7 @@ impl Device {
     /// streams once a mark follows that (`SideWork`). A non-blocking stream
     /// made later waits for a newer mark (`leave_legacy_stream`).
     fn order_kept(&self, driver: &impl Gpu, side_work: &SideWork) -> Option<bool> {
-        side_work.order_kept(self.ordinal, || {
-            driver.record(self.legacy_free_mark, Stream::LEGACY).is_ok()
-        })
+        side_work.order_kept(self.ordinal, || driver.record(self.legacy_free_mark, Stream::LEGACY).is_ok())
     }
 
     /// Whether allocations go on the legacy stream, where blocks freed there
@@ -371,8 +322,7 @@ impl Device {
     /// Sets whether allocations go on the legacy stream; true if that changed.
     /// Written only on a change: every free of every thread asks.
     fn switch_streams(&self, on_legacy: bool) -> bool {
-        self.on_legacy_stream.load(Relaxed) != on_legacy
-            && self.on_legacy_stream.swap(on_legacy, Relaxed) != on_legacy
+        self.on_legacy_stream.load(Relaxed) != on_legacy && self.on_legacy_stream.swap(on_legacy, Relaxed) != on_legacy
     }
 
     /// The non-blocking stream `made` is new: from now on frees are joined,
@@ -392,31 +342,20 @@ impl Device {
     /// with no mark (`order_kept`) has old work there that an older mark does
     /// not cover. Called with the stream registry locked for writing; the
     /// host waits after it is released.
-    pub fn leave_legacy_stream(
-        &self,
-        driver: &impl Gpu,
-        made: Stream,
-        capturing: bool,
-    ) -> CuResult<HostWait> {
+    pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<HostWait> {
         // Both swapped: once the host has waited for the mark, every block
         // reused on the legacy stream so far has passed its free.
-        let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed)
-            | self.reusing_barrier_frees.swap(false, Relaxed);
+        let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed) | self.reusing_barrier_frees.swap(false, Relaxed);
         let mark_awaited = self.mark_waiters.load(Relaxed) > 0;
         if !was_on_legacy && !mark_awaited && !self.mark_waited_on_gpu_only.load(Relaxed) {
             return Ok(HostWait::Nothing); // frees were already joined: none was reused on the legacy stream
         }
         if capturing {
             self.mark_waited_on_gpu_only.store(true, Relaxed);
-            return driver
-                .wait_event(made, self.legacy_free_mark)
-                .map(|()| HostWait::Nothing);
+            return driver.wait_event(made, self.legacy_free_mark).map(|()| HostWait::Nothing);
         }
         if let Err(e) = driver.record(self.legacy_free_mark, Stream::LEGACY) {
-            log::warn!(
-                "device {}: marking the legacy stream failed ({e:?}): the host waits for it",
-                self.ordinal
-            );
+            log::warn!("device {}: marking the legacy stream failed ({e:?}): the host waits for it", self.ordinal);
             return Ok(HostWait::LegacyStream);
         }
         self.mark_waiters.fetch_add(1, Relaxed);
@@ -429,12 +368,7 @@ impl Device {
     /// recorded before it). If the legacy stream cannot be waited for, the
     /// new stream waits on the GPU for the last mark instead, and so does
     /// every stream made until the host has waited for one.
-    pub fn wait_for_new_stream(
-        &self,
-        driver: &impl Gpu,
-        made: Stream,
-        wait: HostWait,
-    ) -> CuResult<()> {
+    pub fn wait_for_new_stream(&self, driver: &impl Gpu, made: Stream, wait: HostWait) -> CuResult<()> {
         match wait {
             HostWait::Nothing => Ok(()),
             HostWait::Mark => {
@@ -474,9 +408,7 @@ impl Device {
         if !self.reuses_on_legacy_stream() {
             return Ok(());
         }
-        driver
-            .record(self.legacy_free_mark, Stream::LEGACY)
-            .or_else(|_| driver.synchronize_stream(Stream::LEGACY))
+        driver.record(self.legacy_free_mark, Stream::LEGACY).or_else(|_| driver.synchronize_stream(Stream::LEGACY))
     }
 
     /// The program is about to free one of the pool's blocks itself
@@ -488,18 +420,11 @@ impl Device {
     /// free is issued (a barrier, a `cudaFree` in barrier order), so they
     /// wait whatever it is now. (A stream made later waits anyway.) The
     /// device's context must be current, and no capture in progress.
-    pub fn order_before_program_free(
-        &self,
-        driver: &impl Gpu,
-        after: &Predecessors,
-    ) -> CuResult<()> {
+    pub fn order_before_program_free(&self, driver: &impl Gpu, after: &Predecessors) -> CuResult<()> {
         if after.nonblocking.is_empty() {
             return Ok(());
         }
         driver.record(self.legacy_free_mark, Stream::LEGACY)?;
-        after
-            .nonblocking
-            .iter()
-            .try_for_each(|live| driver.wait_event(live.stream, self.legacy_free_mark))
+        after.nonblocking.iter().try_for_each(|live| driver.wait_event(live.stream, self.legacy_free_mark))
     }
 }

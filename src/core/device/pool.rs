@@ -79,13 +79,7 @@ impl Device {
     /// Sets up the pool of `ordinal` (`host`: its pool of pinned host
     /// memory), whose primary context is current. The shim's own device pool
     /// is created shareable, for CUDA IPC, where the driver allows it.
-    pub fn create(
-        driver: &impl Gpu,
-        ordinal: i32,
-        context: Context,
-        config: &Config,
-        host: bool,
-    ) -> CuResult<Device> {
+    pub fn create(driver: &impl Gpu, ordinal: i32, context: Context, config: &Config, host: bool) -> CuResult<Device> {
         let (pool, owns_pool, shareable) = match config.pool {
             _ if host => (driver.create_host_pool(ordinal)?, true, false),
             PoolChoice::Own => match driver.create_shareable_pool(ordinal) {
@@ -100,21 +94,12 @@ impl Device {
         let total = driver.total_memory(ordinal)?;
         let configure = |pool: Pool| -> CuResult<Pool> {
             driver.set_release_threshold(pool, config.release_threshold.resolve(total))?;
-            driver.set_reuse_policies(
-                pool,
-                config.reuse_follow_event_deps,
-                config.reuse_opportunistic,
-                config.reuse_internal_deps,
-            )?;
+            driver.set_reuse_policies(pool, config.reuse_follow_event_deps, config.reuse_opportunistic, config.reuse_internal_deps)?;
             Ok(pool)
         };
         configure(pool)?;
         let small_pool = if owns_pool && !host && config.small_blocks > 0 {
-            let made = if shareable {
-                driver.create_shareable_pool(ordinal)
-            } else {
-                driver.create_pool(ordinal)
-            };
+            let made = if shareable { driver.create_shareable_pool(ordinal) } else { driver.create_pool(ordinal) };
             match made.and_then(|small| {
                 configure(small).inspect_err(|_| {
                     let _ = driver.destroy_pool(small);
@@ -148,28 +133,15 @@ impl Device {
             mark_waiters: AtomicUsize::new(0),
             // The CPU writes a host block at once: only the host's own
             // observation of a passed free makes it safe to hand out.
-            order: if host {
-                FreeOrder::Join
-            } else {
-                config.free_order
-            },
+            order: if host { FreeOrder::Join } else { config.free_order },
             internal_deps: config.reuse_internal_deps,
             pending_free_limit: config.pending_free_limit.resolve(total),
             legacy_cache: config.legacy_cache,
             turns: Padded::default(),
-            memory_limit: Some(config.memory_limit.resolve(total))
-                .filter(|&limit| !host && limit < total),
+            memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
             pending: PendingFrees::new(
-                if small_pool.is_some() {
-                    config.small_blocks
-                } else {
-                    0
-                },
-                if host {
-                    Observer::Host
-                } else {
-                    Observer::Device
-                },
+                if small_pool.is_some() { config.small_blocks } else { 0 },
+                if host { Observer::Host } else { Observer::Device },
             ),
         })
     }
@@ -196,38 +168,24 @@ impl Device {
     /// capture is in progress (one would make a legacy-stream operation
     /// fail), nor can one begin before this returns. `trim`: give the pool's
     /// unused memory back to the driver first (out of memory).
-    pub fn alloc(
-        &self,
-        driver: &impl Gpu,
-        size: u64,
-        legacy_allowed: bool,
-        trim: bool,
-    ) -> Result<u64, AllocFailure> {
+    pub fn alloc(&self, driver: &impl Gpu, size: u64, legacy_allowed: bool, trim: bool) -> Result<u64, AllocFailure> {
         let stream = if legacy_allowed && self.reuses_on_legacy_stream() {
             Stream::LEGACY
         } else {
             self.pool_stream
         };
         if trim {
-            log::debug!(
-                "device {}: trimming the pool for {size} bytes",
-                self.ordinal
-            );
+            log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
             self.trim(driver, legacy_allowed)?;
         }
-        let ptr = driver
-            .alloc_from_pool(size, self.pool_for(size), stream)
-            .map_err(|e| {
-                if e.is_out_of_memory() {
-                    AllocFailure::OutOfMemory
-                } else {
-                    AllocFailure::Driver(e)
-                }
-            })?;
-        if self
-            .memory_limit
-            .is_some_and(|limit| self.reserved(driver) > limit)
-        {
+        let ptr = driver.alloc_from_pool(size, self.pool_for(size), stream).map_err(|e| {
+            if e.is_out_of_memory() {
+                AllocFailure::OutOfMemory
+            } else {
+                AllocFailure::Driver(e)
+            }
+        })?;
+        if self.memory_limit.is_some_and(|limit| self.reserved(driver) > limit) {
             // Given back in the stream's order, where it came from: the pool
             // can hand it out again at once, or release it when trimmed.
             if let Err(e) = driver.free_async(ptr, stream) {
@@ -245,9 +203,7 @@ impl Device {
             // may use a block allocated on the legacy stream waits for it.)
             // Host memory: the CPU may use it on return, so the allocation
             // must be complete by then.
-            driver
-                .synchronize_stream(self.pool_stream)
-                .map_err(AllocFailure::Driver)?;
+            driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
         }
         Ok(ptr)
     }
@@ -258,46 +214,26 @@ impl Device {
     /// capture forbids it: `legacy_allowed`).
     fn trim(&self, driver: &impl Gpu, legacy_allowed: bool) -> Result<(), AllocFailure> {
         if legacy_allowed {
-            driver
-                .synchronize_stream(Stream::LEGACY)
-                .map_err(AllocFailure::Driver)?;
+            driver.synchronize_stream(Stream::LEGACY).map_err(AllocFailure::Driver)?;
         }
-        driver
-            .synchronize_stream(self.pool_stream)
-            .map_err(AllocFailure::Driver)?;
-        self.pools()
-            .try_for_each(|pool| driver.trim(pool))
-            .map_err(AllocFailure::Driver)
+        driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
+        self.pools().try_for_each(|pool| driver.trim(pool)).map_err(AllocFailure::Driver)
     }
 
     /// Bytes the pools hold now, used or not.
     pub fn reserved(&self, driver: &impl Gpu) -> u64 {
-        self.pools()
-            .map(|pool| {
-                driver
-                    .pool_bytes(pool, PoolCounter::ReservedNow)
-                    .unwrap_or(0)
-            })
-            .sum()
+        self.pools().map(|pool| driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0)).sum()
     }
 
     /// The pools' high-water marks, if they can still be asked; with two
     /// pools, the sum of each one's (at least the peak of both together).
     pub fn peaks(&self, driver: &impl Gpu) -> Option<PoolPeaks> {
-        self.pools().try_fold(
-            PoolPeaks {
-                used_high: 0,
-                reserved_high: 0,
-            },
-            |sum, pool| {
-                Some(PoolPeaks {
-                    used_high: sum.used_high
-                        + driver.pool_bytes(pool, PoolCounter::UsedHigh).ok()?,
-                    reserved_high: sum.reserved_high
-                        + driver.pool_bytes(pool, PoolCounter::ReservedHigh).ok()?,
-                })
-            },
-        )
+        self.pools().try_fold(PoolPeaks { used_high: 0, reserved_high: 0 }, |sum, pool| {
+            Some(PoolPeaks {
+                used_high: sum.used_high + driver.pool_bytes(pool, PoolCounter::UsedHigh).ok()?,
+                reserved_high: sum.reserved_high + driver.pool_bytes(pool, PoolCounter::ReservedHigh).ok()?,
+            })
+        })
     }
 
     /// Bytes the pools hold that the program does not: unused in a pool,
@@ -306,12 +242,8 @@ impl Device {
         let unused: u64 = self
             .pools()
             .map(|pool| {
-                let reserved = driver
-                    .pool_bytes(pool, PoolCounter::ReservedNow)
-                    .unwrap_or(0);
-                let used = driver
-                    .pool_bytes(pool, PoolCounter::UsedNow)
-                    .unwrap_or(reserved);
+                let reserved = driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0);
+                let used = driver.pool_bytes(pool, PoolCounter::UsedNow).unwrap_or(reserved);
                 reserved.saturating_sub(used)
             })
             .sum();
@@ -320,8 +252,7 @@ impl Device {
 
     /// Lets device `accessor` reach every block of the pools, or stops it.
     pub fn set_peer_access(&self, driver: &impl Gpu, accessor: i32, allowed: bool) -> CuResult<()> {
-        self.pools()
-            .try_for_each(|pool| driver.set_peer_access(pool, accessor, allowed))
+        self.pools().try_for_each(|pool| driver.set_peer_access(pool, accessor, allowed))
     }
 
     /// Before a reset: every block still allocated (`live`, never freed, and
