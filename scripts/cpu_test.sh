@@ -602,6 +602,21 @@ if wanted "replay of orderings" && command -v python3 >/dev/null; then
   checked "replay of orderings (scripts/replay_orderings.py)" "${problems[@]}"
 fi
 
+# The test double defines no function named as one the GPU tests define: tools
+# that map a project's structure by names would take one for the other and see
+# the double and the GPU tests include each other.
+if wanted "test double's function names"; then
+  defined() {
+    grep -ohE '^[A-Za-z_][A-Za-z0-9_ ]*[ *]+[A-Za-z_][A-Za-z0-9_]*\(' "$@" |
+      sed -E 's/.*[ *]([A-Za-z_][A-Za-z0-9_]*)\($/\1/' | sort -u
+  }
+  shared=$(comm -12 <(defined c_tests/fake/*.c) <(defined c_tests/gpu/*.h c_tests/gpu/*.cu) | tr '\n' ' ')
+  problems=()
+  [ "$(defined c_tests/fake/*.c | wc -l)" -gt 100 ] || problems+=("too few definitions found in c_tests/fake: the pattern is broken")
+  [ -z "$shared" ] || problems+=("defined in both c_tests/fake and c_tests/gpu: $shared")
+  checked "test double's function names differ from the GPU tests' (c_tests/fake, c_tests/gpu)" "${problems[@]}"
+fi
+
 # The driver calls that issue work on a stream, as the shim's list names them,
 # against the headers (scripts/check_work_entry_points.py); and the check's
 # teeth: a list missing cuMemsetD8Async, with cuMemcpyAsync's stream one
