@@ -346,6 +346,12 @@ bad_config SOMA_STATS ture                       # a path needs a /, so this is 
 if wanted "config error SOMA_STATS=ture"; then
   if [ -e ture ]; then fail "SOMA_STATS=ture wrote a file named ture"; else pass "SOMA_STATS=ture writes no file"; fi
 fi
+for flag in 0 1 off; do                          # a trace path needs a / too
+  bad_config SOMA_TRACE "$flag"
+  if wanted "config error SOMA_TRACE=$flag"; then
+    if [ -e "$flag" ]; then fail "SOMA_TRACE=$flag wrote a file named $flag"; else pass "SOMA_TRACE=$flag writes no file"; fi
+  fi
+done
 bad_config SOMA_LOG verbose
 bad_config SOMA_LOG =
 bad_config SOMA_MIN_BYTES 2MiB 2MiB SOMA_MAX_BYTES=1MiB

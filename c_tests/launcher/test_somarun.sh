@@ -184,7 +184,12 @@ expect_vars "size value passed unchecked" "SOMA_RELEASE_THRESHOLD=lots" "LD_PREL
 run "$SOMARUN" --lib "$LIB_A" --min-bytes -1 -- "$PROBE"
 expect_vars "value starting with one dash" "SOMA_MIN_BYTES=-1" "LD_PRELOAD=$LIB_A"
 run "$SOMARUN" --lib "$LIB_A" --trace=--odd-name.csv -- "$PROBE"
-expect_vars "option=VALUE takes a value starting with --" "SOMA_TRACE=--odd-name.csv" "LD_PRELOAD=$LIB_A"
+expect_vars "option=VALUE takes a value starting with --" "SOMA_TRACE=./--odd-name.csv" "LD_PRELOAD=$LIB_A"
+# The library takes a SOMA_TRACE path only with a '/'.
+run "$SOMARUN" --lib "$LIB_A" --trace t.csv -- "$PROBE"
+expect_vars "option --trace FILE without a / gets ./" "SOMA_TRACE=./t.csv" "LD_PRELOAD=$LIB_A"
+run "$SOMARUN" --lib "$LIB_A" --trace=out/t.csv -- "$PROBE"
+expect_vars "option --trace=DIR/FILE kept as given" "SOMA_TRACE=out/t.csv" "LD_PRELOAD=$LIB_A"
 
 run "$SOMARUN" --lib "$LIB_A" --stats -- "$PROBE"
 expect_vars "option --stats" "SOMA_STATS=1" "LD_PRELOAD=$LIB_A"
@@ -205,7 +210,7 @@ expect_vars "no options: only LD_PRELOAD set" "LD_PRELOAD=$LIB_A"
 run "$SOMARUN" --lib "$LIB_A" --stats=s.txt --trace t.csv --threshold=0 --pool own --min-bytes 2K \
   --max-bytes=1G --free-sync --free-order join --pending-free-limit=1MiB --meminfo real --passthrough-callers=libnccl \
   --log trace --disable -- "$PROBE"
-expect_vars "all options together" "LD_PRELOAD=$LIB_A" SOMA_STATS=./s.txt SOMA_TRACE=t.csv \
+expect_vars "all options together" "LD_PRELOAD=$LIB_A" SOMA_STATS=./s.txt SOMA_TRACE=./t.csv \
   SOMA_RELEASE_THRESHOLD=0 SOMA_POOL=own SOMA_MIN_BYTES=2K SOMA_MAX_BYTES=1G SOMA_FREE_SYNC=1 \
   SOMA_FREE_ORDER=join SOMA_PENDING_FREE_LIMIT=1MiB SOMA_MEMINFO=real SOMA_PASSTHROUGH_CALLERS=libnccl SOMA_LOG=trace \
   SOMA_DISABLE=1

@@ -148,7 +148,7 @@ impl Kind {
             Kind::FreeOrder => "barrier or join",
             Kind::LegacyCache => "auto, on or off",
             Kind::Stats => "0 or 1 (also true/false, yes/no, on/off; 1: to stderr), or a file path, which must contain a / (such as ./stats.txt)",
-            Kind::Path => "a file path, or empty for none",
+            Kind::Path => "a file path, which must contain a / (such as ./trace.csv), or empty for none",
             Kind::MemInfo => "real or pool",
             Kind::List => "comma-separated library names such as libnccl,libfoo (empty for none)",
             Kind::LogFilter => {
@@ -552,12 +552,13 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             "off" => Some(Value::LegacyCache(LegacyCache::Off)),
             _ => None,
         },
-        // A path is told from a flag by its `/`, so that a mistyped flag
-        // (`ture`) cannot become a file in the current directory.
-        Kind::Stats if text.contains('/') => Some(Value::Stats(StatsOutput::File(text.to_string()))),
         Kind::Stats if text.is_empty() => Some(Value::Stats(StatsOutput::Off)),
-        Kind::Stats => parse_flag(text).map(|on| Value::Stats(if on { StatsOutput::Stderr } else { StatsOutput::Off })),
-        Kind::Path => Some(Value::Path((!text.is_empty()).then(|| text.to_string()))),
+        Kind::Stats => match file_path(text) {
+            Some(path) => Some(Value::Stats(StatsOutput::File(path))),
+            None => parse_flag(text).map(|on| Value::Stats(if on { StatsOutput::Stderr } else { StatsOutput::Off })),
+        },
+        Kind::Path if text.is_empty() => Some(Value::Path(None)),
+        Kind::Path => file_path(text).map(|path| Value::Path(Some(path))),
         Kind::MemInfo => match text.to_ascii_lowercase().as_str() {
             "real" => Some(Value::MemInfo(MemInfo::Real)),
             "pool" => Some(Value::MemInfo(MemInfo::Pool)),
@@ -568,6 +569,13 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
         )),
         Kind::LogFilter => text.split(',').all(is_log_directive).then(|| Value::Text(text.to_string())),
     }
+}
+
+/// A file to write: a path is told from a flag by its `/`, so that a flag
+/// (`0`, `off`) or a mistyped one (`ture`) cannot become a file in the
+/// current directory.
+fn file_path(text: &str) -> Option<String> {
+    text.contains('/').then(|| text.to_string())
 }
 
 /// One directive of `SOMA_LOG`: `level`, `module` or `module=level`, where a
@@ -683,6 +691,16 @@ mod tests {
         let message = e.to_string();
         assert!(message.contains("SOMA_STATS=\"ture\"") && message.contains("./stats.txt"), "{message}");
         assert_eq!(blamed(config(&[("SOMA_STATS", "stats.txt")]).unwrap_err()), "SOMA_STATS");
+    }
+
+    #[test]
+    fn a_trace_path_needs_a_slash_so_a_flag_is_an_error() {
+        for flag in ["0", "1", "off", "trace.csv"] {
+            let message = config(&[("SOMA_TRACE", flag)]).unwrap_err().to_string();
+            assert!(message.contains(&format!("SOMA_TRACE=\"{flag}\"")) && message.contains("./trace.csv"), "{message}");
+        }
+        assert_eq!(config(&[("SOMA_TRACE", "./t.csv")]).unwrap().trace.as_deref(), Some("./t.csv"));
+        assert_eq!(config(&[("SOMA_TRACE", "")]).unwrap().trace, None);
     }
 
     #[test]
