@@ -352,6 +352,8 @@ for flag in 0 1 off; do                          # a trace path needs a / too
     if [ -e "$flag" ]; then fail "SOMA_TRACE=$flag wrote a file named $flag"; else pass "SOMA_TRACE=$flag writes no file"; fi
   fi
 done
+bad_config SOMA_TRACE "$RUNS/same.out" "$RUNS/same.out" "SOMA_STATS=$RUNS/same.out" # the table would replace the trace
+last_err_says "config error SOMA_TRACE and SOMA_STATS in the same file names SOMA_STATS" "SOMA_STATS=\"$RUNS/same.out\""
 bad_config SOMA_LOG verbose
 bad_config SOMA_LOG =
 bad_config SOMA_MIN_BYTES 2MiB 2MiB SOMA_MAX_BYTES=1MiB

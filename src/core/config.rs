@@ -9,6 +9,8 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 
+use super::output;
+
 /// Which memory pool serves the shim's allocations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolChoice {
@@ -364,6 +366,9 @@ pub enum ConfigError {
     UnknownVariable { name: String, value: String, closest: &'static str },
     /// `SOMA_MIN_BYTES` above `SOMA_MAX_BYTES`: nothing would be pooled.
     EmptySizeRange { min: String, max: String },
+    /// `SOMA_STATS` and `SOMA_TRACE` naming one file: the table written at
+    /// exit would replace the trace.
+    SameFile { stats: String, trace: String },
 }
 
 impl fmt::Display for ConfigError {
@@ -384,6 +389,11 @@ impl fmt::Display for ConfigError {
                 f,
                 "somashim: SOMA_MIN_BYTES=\"{min}\" is more than SOMA_MAX_BYTES=\"{max}\", so nothing would be \
                  pooled; accepted: SOMA_MIN_BYTES at most SOMA_MAX_BYTES (SOMA_DISABLE=1 passes every call through)"
+            ),
+            ConfigError::SameFile { stats, trace } => write!(
+                f,
+                "somashim: SOMA_STATS=\"{stats}\" and SOMA_TRACE=\"{trace}\" name the same file, so the table \
+                 written at exit would replace the trace; accepted: two different files"
             ),
         }
     }
@@ -434,6 +444,11 @@ impl Config {
                 max: text("SOMA_MAX_BYTES").unwrap_or_default(),
             });
         }
+        if let (StatsOutput::File(stats), Some(trace)) = (&config.stats, &config.trace) {
+            if output::same_file(stats, trace) {
+                return Err(ConfigError::SameFile { stats: shown(OsStr::new(stats)), trace: shown(OsStr::new(trace)) });
+            }
+        }
         Ok(config)
     }
 
@@ -471,10 +486,10 @@ impl Config {
     /// never the parent's.
     pub fn for_forked_child(&mut self, pid: u32) {
         if let Some(path) = &mut self.trace {
-            *path = super::output::in_child(path, pid);
+            *path = output::in_child(path, pid);
         }
         if let StatsOutput::File(path) = &mut self.stats {
-            *path = super::output::in_child(path, pid);
+            *path = output::in_child(path, pid);
         }
     }
 
@@ -740,6 +755,17 @@ mod tests {
         assert_eq!(e, ConfigError::EmptySizeRange { min: "2MiB".into(), max: "1MiB".into() });
         assert!(e.to_string().contains("SOMA_MIN_BYTES=\"2MiB\" is more than SOMA_MAX_BYTES=\"1MiB\""), "{e}");
         assert!(config(&[("SOMA_MIN_BYTES", "1MiB"), ("SOMA_MAX_BYTES", "1MiB")]).is_ok());
+    }
+
+    #[test]
+    fn stats_and_trace_in_one_file_is_an_error() {
+        let e = config(&[("SOMA_STATS", "/tmp/soma.out"), ("SOMA_TRACE", "/tmp//soma.out")]).unwrap_err();
+        assert_eq!(e, ConfigError::SameFile { stats: "/tmp/soma.out".into(), trace: "/tmp//soma.out".into() });
+        let message = e.to_string();
+        assert!(message.contains("SOMA_STATS=\"/tmp/soma.out\" and SOMA_TRACE=\"/tmp//soma.out\""), "{message}");
+        assert!(message.contains("accepted: two different files"), "{message}");
+        assert!(config(&[("SOMA_STATS", "/tmp/soma.stats"), ("SOMA_TRACE", "/tmp/soma.csv")]).is_ok());
+        assert!(config(&[("SOMA_STATS", "1"), ("SOMA_TRACE", "/tmp/soma.csv")]).is_ok());
     }
 
     #[test]
