@@ -357,6 +357,7 @@ last_err_says "config error SOMA_TRACE and SOMA_STATS in the same file names SOM
 bad_config SOMA_LOG verbose
 bad_config SOMA_LOG =
 bad_config SOMA_MIN_BYTES 2MiB 2MiB SOMA_MAX_BYTES=1MiB
+bad_config SOMA_MIN_BYTES max                    # no request is that large: nothing would be pooled
 # 5. threads
 compare "threads (8 x 2000)" threads
 compare "threads (8 x 2000), SOMA_FREE_ORDER=barrier" threads SOMA_FREE_ORDER=barrier

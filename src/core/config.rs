@@ -120,6 +120,9 @@ pub struct Config {
 enum Kind {
     Flag,
     Size { allow_total: bool },
+    /// A byte count below `max`: no request is that large, so a least size
+    /// of `max` would pool nothing.
+    MinSize,
     /// A byte count or a percentage of the device's memory.
     Share,
     Pool,
@@ -142,6 +145,7 @@ impl Kind {
             Kind::Size { allow_total: true } => {
                 "a byte count such as 0, 4096, 512MiB, 4G, or max, or total (the device's memory)"
             }
+            Kind::MinSize => "a byte count such as 0, 4096, 512KiB, 512MiB, 4G or 1TiB; not max, which would pool nothing",
             Kind::Share => {
                 "a byte count above 0 such as 512MiB or 40G, a percentage of the device's memory such as 50% or \
                  12.5%, or max (no limit)"
@@ -250,7 +254,7 @@ pub static VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "SOMA_MIN_BYTES",
-        kind: Kind::Size { allow_total: false },
+        kind: Kind::MinSize,
         default: "1",
         doc: "Smaller requests go to the real cudaMalloc.",
         store: store_bytes!(min_bytes),
@@ -546,6 +550,7 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             "total" if allow_total => Some(Value::Size(Bytes::DeviceTotal)),
             _ => parse_size(text).map(|n| Value::Size(Bytes::Exact(n))),
         },
+        Kind::MinSize => parse_size(text).filter(|&n| n < u64::MAX).map(|n| Value::Size(Bytes::Exact(n))),
         // A limit of nothing would refuse every allocation: not a setting anyone means.
         Kind::Share => match text.strip_suffix('%') {
             Some(percent) => parse_percent(percent).map(|share| Value::Size(Bytes::DeviceShare(share))),
@@ -755,6 +760,17 @@ mod tests {
         assert_eq!(e, ConfigError::EmptySizeRange { min: "2MiB".into(), max: "1MiB".into() });
         assert!(e.to_string().contains("SOMA_MIN_BYTES=\"2MiB\" is more than SOMA_MAX_BYTES=\"1MiB\""), "{e}");
         assert!(config(&[("SOMA_MIN_BYTES", "1MiB"), ("SOMA_MAX_BYTES", "1MiB")]).is_ok());
+    }
+
+    #[test]
+    fn min_bytes_of_max_pools_nothing_so_it_is_an_error() {
+        for max in ["max", " MAX", "18446744073709551615"] {
+            let message = config(&[("SOMA_MIN_BYTES", max)]).unwrap_err().to_string();
+            assert!(message.contains("SOMA_MIN_BYTES") && message.contains("not max"), "{max}: {message}");
+        }
+        assert_eq!(config(&[("SOMA_MIN_BYTES", "1TiB")]).unwrap().min_bytes, 1 << 40);
+        assert_eq!(config(&[("SOMA_MIN_BYTES", "0")]).unwrap().min_bytes, 0);
+        assert_eq!(config(&[("SOMA_MAX_BYTES", "max")]).unwrap().max_bytes, u64::MAX);
     }
 
     #[test]
