@@ -570,6 +570,9 @@ if wanted "full disk: trace"; then
   problems=()
   [ "$(rc_of "$KEY")" = 0 ] || problems+=("exit status $(rc_of "$KEY"), want 0")
   [ "$(grep -c 'writing the trace' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one warning: $(grep -c 'writing the trace' "$RUNS/$KEY.err")")
+  # under the shim's name, as the SOMA_STATS warning ("full disk: stats file")
+  grep -q '^somashim: writing the trace' "$RUNS/$KEY.err" ||
+    problems+=("the warning does not start with 'somashim: ': $(grep -m1 'writing the trace' "$RUNS/$KEY.err")")
   [ "$(tail -c 1 "$RUNS/full.csv" | od -An -c | tr -d ' ')" = '\n' ] || problems+=("the trace ends mid-row")
   awk -F, 'NF != 7 {bad = 1} END {exit bad}' "$RUNS/full.csv" || problems+=("a row of the trace is not whole")
   lost=$(sed -n 's/^trace incomplete: \([0-9]*\) rows lost.*/\1/p' "$RUNS/$KEY.err")
@@ -583,7 +586,7 @@ if wanted "full disk: stats file"; then
   run shim "$KEY" "$BIN/fsize_limited" FSIZE_LIMIT_KIB=0 "FSIZE_LIMITED=$BIN/callers" "SOMA_STATS=$OUTS/full.stats"
   problems=()
   [ "$(rc_of "$KEY")" = 0 ] || problems+=("exit status $(rc_of "$KEY"), want 0")
-  [ "$(grep -c 'cannot write statistics' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one warning")
+  [ "$(grep -c '^somashim: cannot write statistics' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one warning")
   grep -q '^somashim statistics' "$RUNS/$KEY.err" || problems+=("the table is not on stderr")
   [ ! -e "$OUTS/full.stats" ] || problems+=("an incomplete stats file is left")
   checked "full disk: stats file (one warning, the table on stderr, no empty file)" "${problems[@]}"

@@ -1,4 +1,5 @@
-//! The files the shim writes for the user (`SOMA_TRACE`, `SOMA_STATS`).
+//! The files the shim writes for the user (`SOMA_TRACE`, `SOMA_STATS`), and
+//! its warnings to the user.
 //!
 //! The shim runs inside someone else's program, often with more rights than
 //! the person who set the variable expected, so a path is never followed
@@ -6,8 +7,9 @@
 //! block the program, a device is not ours to fill), and a file it creates is
 //! readable by its owner alone.
 
+use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::absolute;
 
@@ -50,6 +52,13 @@ pub fn same_file(a: &str, b: &str) -> bool {
         (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
         _ => false,
     }
+}
+
+/// A warning to the user on stderr, under the shim's name as its
+/// configuration errors are, whatever `SOMA_LOG` says: the user asked for
+/// what it is about. A failed write is ignored (`eprintln!` would panic).
+pub fn warn(message: fmt::Arguments) {
+    let _ = writeln!(io::stderr(), "somashim: {message}");
 }
 
 /// `path` as a forked child writes it: `<path>.<pid>`, so that parent and
