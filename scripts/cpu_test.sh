@@ -342,6 +342,30 @@ bad_config SOMA_DISABLE $'\u00a01' '\u{a0}1'    # only ASCII whitespace is trimm
 bad_config SOMA_DISABEL 1                        # a misspelt variable
 last_err_says "config error SOMA_DISABEL=1 names SOMA_DISABLE" 'did you mean SOMA_DISABLE?'
 bad_config SOMA_FOO 1
+bad_config SOMA_STAT 1 1 SOMA_HOME=/opt          # misspelt (within two edits), beside another program's
+last_err_says "config error SOMA_STAT=1 names SOMA_STATS" 'did you mean SOMA_STATS?'
+bad_config SOMA_pool own                         # case aside, a misspelling
+last_err_says "config error SOMA_pool=own names SOMA_POOL" 'did you mean SOMA_POOL?'
+# Another program's SOMA_* variables (none within two edits of one of ours):
+# the program runs as it does without them, with one warning naming them
+# (threads: the first calls race in 8 threads).
+if wanted "another program's SOMA_* variables"; then
+  compare "another program's SOMA_* variables: the program runs" threads SOMA_HOME=/opt SOMA_CACHE_DIR=/tmp
+  err=$RUNS/${KEY}s.err
+  problems=()
+  [ "$(grep -c . "$err")" = 1 ] || problems+=("not one line on stderr: $(head -c 300 "$err")")
+  grep -q '^somashim: ignoring .*SOMA_HOME, SOMA_CACHE_DIR$' "$err" || problems+=("no warning naming them: $(head -c 300 "$err")")
+  ! grep -q '/opt' "$err" || problems+=("the warning shows a value, which is another program's")
+  checked "another program's SOMA_* variables: one warning naming them" "${problems[@]}"
+fi
+# SOMA_DISABLE=1 checks nothing else, so nothing stops the program.
+if wanted "SOMA_DISABLE=1 checks nothing else"; then
+  compare "SOMA_DISABLE=1 checks nothing else: the program runs" routing SOMA_DISABLE=1 SOMA_DISABEL=1 SOMA_HOME=/opt \
+    SOMA_POOL=shared SOMA_LOG=verbose
+  problems=()
+  [ ! -s "$RUNS/${KEY}s.err" ] || problems+=("stderr: $(head -c 300 "$RUNS/${KEY}s.err")")
+  checked "SOMA_DISABLE=1 checks nothing else: nothing on stderr" "${problems[@]}"
+fi
 bad_config SOMA_STATS ture                       # a path needs a /, so this is a mistyped flag
 if wanted "config error SOMA_STATS=ture"; then
   if [ -e ture ]; then fail "SOMA_STATS=ture wrote a file named ture"; else pass "SOMA_STATS=ture writes no file"; fi

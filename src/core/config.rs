@@ -2,12 +2,14 @@
 //!
 //! Every variable is a row of [`VARIABLES`]; the README's table is checked
 //! against it by a test, so the two cannot drift apart. A `SOMA_*` variable
-//! that is not in the table is an error too (a misspelt one would otherwise be
-//! ignored without a word).
+//! within a few edits of one in the table is an error too (a misspelt one
+//! would otherwise be ignored without a word); any other is another
+//! program's, and gets a warning. With `SOMA_DISABLE=1` nothing is checked.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::Once;
 
 use super::output;
 
@@ -189,6 +191,17 @@ pub struct Variable {
     store: fn(&mut Config, Value),
 }
 
+impl Variable {
+    /// `value` parsed, with its text; one that does not parse (or is not
+    /// UTF-8) is an error naming the variable.
+    fn read<'a>(&self, value: &'a OsStr) -> Result<(&'a str, Value), ConfigError> {
+        let bad_value =
+            || ConfigError::BadValue { variable: self.name, value: shown(value), accepted: self.kind.accepted_forms() };
+        let text = value.to_str().ok_or_else(bad_value)?;
+        Ok((text, parse(self.kind, text).ok_or_else(bad_value)?))
+    }
+}
+
 macro_rules! store {
     ($field:ident, $variant:ident) => {
         |config: &mut Config, value: Value| {
@@ -366,7 +379,7 @@ pub static VARIABLES: &[Variable] = &[
 pub enum ConfigError {
     /// A value that does not parse (or is not UTF-8).
     BadValue { variable: &'static str, value: String, accepted: &'static str },
-    /// A `SOMA_*` variable that is not in the table.
+    /// A `SOMA_*` variable that is not in the table but a misspelling of one.
     UnknownVariable { name: String, value: String, closest: &'static str },
     /// `SOMA_MIN_BYTES` above `SOMA_MAX_BYTES`: nothing would be pooled.
     EmptySizeRange { min: String, max: String },
@@ -406,8 +419,23 @@ impl fmt::Display for ConfigError {
 impl Config {
     /// Reads the configuration from the process's environment (`vars`: every
     /// name and value; those not starting with `SOMA_` are not looked at).
+    /// `SOMA_*` variables of other programs are warned of, once a process.
     pub fn from_environment(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Result<Config, ConfigError> {
+        let (config, others) = Config::read(vars)?;
+        if !others.is_empty() {
+            static WARNED: Once = Once::new();
+            WARNED.call_once(|| {
+                output::warn(format_args!("ignoring SOMA_* variables that are not somashim's: {}", others.join(", ")))
+            });
+        }
+        Ok(config)
+    }
+
+    /// The configuration, and the `SOMA_*` variables it leaves to other
+    /// programs (as the messages show them).
+    fn read(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Result<(Config, Vec<String>), ConfigError> {
         let mut given: Vec<Option<OsString>> = vec![None; VARIABLES.len()];
+        let mut unknown = Vec::new();
         for (name, value) in vars {
             if !name.as_bytes().starts_with(b"SOMA_") {
                 continue;
@@ -417,29 +445,34 @@ impl Config {
                 Some(index) => {
                     given[index].get_or_insert(value);
                 }
-                None => {
-                    return Err(ConfigError::UnknownVariable {
-                        name: shown(&name),
-                        value: shown(&value),
-                        closest: closest_variable(&name),
-                    })
-                }
+                None => unknown.push((name, value)),
             }
         }
         let mut config = Config::placeholder();
         for (variable, given) in VARIABLES.iter().zip(&given) {
-            let bad_value = |value: &OsStr| ConfigError::BadValue {
-                variable: variable.name,
-                value: shown(value),
-                accepted: variable.kind.accepted_forms(),
+            let default = OsStr::new(variable.default);
+            let (text, value) = match variable.read(given.as_deref().unwrap_or(default)) {
+                // SOMA_DISABLE=1 must let the program run as it would without
+                // the shim, so nothing else is checked: a value that is not
+                // valid is left at its default. SOMA_DISABLE is the table's
+                // first row, so it is read before the others.
+                Err(_) if config.disable => variable.read(default)?,
+                read => read?,
             };
-            let text = match given {
-                Some(value) => value.to_str().ok_or_else(|| bad_value(value))?,
-                None => variable.default,
-            };
-            let value = parse(variable.kind, text).ok_or_else(|| bad_value(OsStr::new(text)))?;
             (variable.store)(&mut config, value);
             config.effective.push((variable.name, text.to_string()));
+        }
+        if config.disable {
+            return Ok((config, Vec::new()));
+        }
+        let mut others = Vec::new();
+        for (name, value) in unknown {
+            match misspelt(&name) {
+                Some(closest) => {
+                    return Err(ConfigError::UnknownVariable { name: shown(&name), value: shown(&value), closest })
+                }
+                None => others.push(shown(&name)),
+            }
         }
         if config.min_bytes > config.max_bytes {
             let text = |name| config.effective.iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone());
@@ -453,7 +486,7 @@ impl Config {
                 return Err(ConfigError::SameFile { stats: shown(OsStr::new(stats)), trace: shown(OsStr::new(trace)) });
             }
         }
-        Ok(config)
+        Ok((config, others))
     }
 
     /// Every field before the table fills it in; never seen by callers.
@@ -519,10 +552,18 @@ fn shown(value: &OsStr) -> String {
     out
 }
 
-/// The known variable nearest to `name` by edit distance (a misspelling's likely meaning).
-fn closest_variable(name: &OsStr) -> &'static str {
-    let name = name.as_bytes();
-    VARIABLES.iter().map(|v| v.name).min_by_key(|known| edit_distance(name, known.as_bytes())).unwrap_or("")
+/// The most edits (case aside) that make a `SOMA_*` name a misspelling of a
+/// variable of the table (`SOMA_DISABEL`, `SOMA_STAT`) rather than another
+/// program's (`SOMA_HOME`).
+const MISSPELLING_EDITS: usize = 2;
+
+/// The known variable that `name` is a misspelling of, if any: the nearest
+/// by edit distance, case aside.
+fn misspelt(name: &OsStr) -> Option<&'static str> {
+    let name = name.as_bytes().to_ascii_uppercase();
+    let (edits, closest) =
+        VARIABLES.iter().map(|v| (edit_distance(&name, v.name.as_bytes()), v.name)).min_by_key(|&(edits, _)| edits)?;
+    (edits <= MISSPELLING_EDITS).then_some(closest)
 }
 
 /// Levenshtein distance: the fewest insertions, deletions and substitutions
@@ -664,8 +705,12 @@ mod tests {
     use super::*;
     use std::os::unix::ffi::OsStringExt;
 
+    fn vars<'a>(pairs: &'a [(&str, &str)]) -> impl Iterator<Item = (OsString, OsString)> + 'a {
+        pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v)))
+    }
+
     fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        Config::from_environment(pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))))
+        Config::from_environment(vars(pairs))
     }
 
     /// The variable a bad value was blamed on.
@@ -742,6 +787,45 @@ mod tests {
         assert!(config(&[("SOMASHIM_LIB", "/x.so"), ("PATH", "/bin"), ("SOMA", "1")]).is_ok(), "only SOMA_* is checked");
         assert_eq!(edit_distance(b"kitten", b"sitting"), 3);
         assert_eq!(edit_distance(b"", b"abc"), 3);
+    }
+
+    #[test]
+    fn another_programs_variable_is_left_to_it() {
+        let pairs = [("SOMA_HOME", "/opt"), ("SOMA_POOL", "default"), ("SOMA_CACHE_DIR", "/tmp")];
+        let (c, others) = Config::read(vars(&pairs)).unwrap();
+        assert_eq!(c.pool, PoolChoice::Default);
+        assert_eq!(others, ["SOMA_HOME", "SOMA_CACHE_DIR"]);
+        assert!(Config::read(vars(&[("SOMA_POOL", "own")])).unwrap().1.is_empty());
+        let typos = [("SOMA_STAT", "SOMA_STATS"), ("SOMA_pool", "SOMA_POOL"), ("SOMA_TRACEE", "SOMA_TRACE"), ("SOMA_LGO", "SOMA_LOG")];
+        for (typo, meant) in typos {
+            let e = config(&[("SOMA_HOME", "/opt"), (typo, "1")]).unwrap_err();
+            assert!(matches!(&e, ConfigError::UnknownVariable { closest, .. } if *closest == meant), "{typo}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn with_disable_nothing_else_is_checked() {
+        let not_utf8 = OsString::from_vec(b"\xff".to_vec());
+        for variable in VARIABLES.iter().filter(|v| v.name != "SOMA_DISABLE") {
+            let given = [("SOMA_DISABLE".into(), "1".into()), (variable.name.into(), not_utf8.clone())];
+            let c = Config::from_environment(given).unwrap_or_else(|e| panic!("{}: {e}", variable.name));
+            assert!(c.disable);
+            let effective = (variable.name, variable.default.to_string());
+            assert!(c.effective.contains(&effective), "{} is left at its default", variable.name);
+        }
+        let (c, others) = Config::read(vars(&[
+            ("SOMA_DISABLE", "yes"),
+            ("SOMA_DISABEL", "1"),
+            ("SOMA_HOME", "/opt"),
+            ("SOMA_MIN_BYTES", "2MiB"),
+            ("SOMA_MAX_BYTES", "1MiB"),
+            ("SOMA_STATS", "/tmp/soma.out"),
+            ("SOMA_TRACE", "/tmp/soma.out"),
+        ]))
+        .unwrap();
+        assert!(c.disable && others.is_empty());
+        assert_eq!(blamed(config(&[("SOMA_DISABLE", "maybe"), ("SOMA_POOL", "shared")]).unwrap_err()), "SOMA_DISABLE");
+        assert_eq!(blamed(config(&[("SOMA_DISABLE", "0"), ("SOMA_POOL", "shared")]).unwrap_err()), "SOMA_POOL");
     }
 
     #[test]
