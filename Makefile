@@ -51,7 +51,8 @@ demo: shim
 bench: shim
 	scripts/bench.sh $(SHIM_LIB)
 
-# PREFIX/lib/libsomashim.so and PREFIX/bin/somarun (DESTDIR is honoured).
+# PREFIX/lib/libsomashim.so, without the build's debug info (target/release
+# keeps it), and PREFIX/bin/somarun (DESTDIR and STRIP are honoured).
 install: shim
 	scripts/install.sh $(PREFIX) $(SHIM_LIB)
 

@@ -638,6 +638,22 @@ if wanted "replay of orderings" && command -v python3 >/dev/null; then
   checked "replay of orderings (scripts/replay_orderings.py)" "${problems[@]}"
 fi
 
+# `make install`: the library goes without its debug info and still serves a
+# program; the build keeps its debug info for developers.
+if wanted "make install"; then
+  inst=$B/install
+  rm -rf "$inst"
+  problems=()
+  make -s install PREFIX="$inst" SHIM="$SHIM" >"$RUNS/install.out" 2>&1 || problems+=("make install failed: $(tail -n 3 "$RUNS/install.out")")
+  if command -v readelf >/dev/null; then
+    ! readelf -S -W "$inst/lib/libsomashim.so" | grep -q ' \.debug_info ' || problems+=("the installed library has a .debug_info section")
+  else
+    echo "# readelf not installed: the installed library's debug info not checked"
+  fi
+  checked "make install: the library without debug info ($(($(stat -c %s "$inst/lib/libsomashim.so" 2>/dev/null || echo 0) >> 10)) KiB; $(($(stat -c %s "$SHIM") >> 10)) KiB built)" "${problems[@]}"
+  SHIM=$inst/lib/libsomashim.so compare "make install: the installed library serves a program" routing
+fi
+
 # The test double defines no function named as one the GPU tests define: tools
 # that map a project's structure by names would take one for the other and see
 # the double and the GPU tests include each other.
