@@ -517,7 +517,6 @@ impl Config {
         }
     }
 
-    /// Whether a request of `size` bytes is in the range the pool serves.
     /// In a process forked from the one that loaded the shim, before it
     /// reports anything: its trace and statistics files are `<path>.<pid>`,
     /// never the parent's.
@@ -536,6 +535,7 @@ impl Config {
         !self.disable && (self.meminfo == MemInfo::Pool || self.memory_limit != Bytes::Exact(u64::MAX))
     }
 
+    /// Whether a request of `size` bytes is in the range the pool serves.
     pub fn pools_size(&self, size: u64) -> bool {
         size >= self.min_bytes && size <= self.max_bytes
     }
