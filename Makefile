@@ -55,7 +55,8 @@ bench: shim
 compat: shim
 	python3 scripts/compat.py $(SHIM_LIB) $(COMPAT_ARGS)
 
-# PREFIX/lib/libsomashim.so and PREFIX/bin/somarun (DESTDIR is honoured).
+# PREFIX/lib/libsomashim.so, without the build's debug info (target/release
+# keeps it), and PREFIX/bin/somarun (DESTDIR and STRIP are honoured).
 install: shim
 	scripts/install.sh $(PREFIX) $(SHIM_LIB)
 

@@ -342,13 +342,46 @@ bad_config SOMA_DISABLE $'\u00a01' '\u{a0}1'    # only ASCII whitespace is trimm
 bad_config SOMA_DISABEL 1                        # a misspelt variable
 last_err_says "config error SOMA_DISABEL=1 names SOMA_DISABLE" 'did you mean SOMA_DISABLE?'
 bad_config SOMA_FOO 1
+bad_config SOMA_STAT 1 1 SOMA_HOME=/opt          # misspelt (within two edits), beside another program's
+last_err_says "config error SOMA_STAT=1 names SOMA_STATS" 'did you mean SOMA_STATS?'
+bad_config SOMA_pool own                         # case aside, a misspelling
+last_err_says "config error SOMA_pool=own names SOMA_POOL" 'did you mean SOMA_POOL?'
+# Another program's SOMA_* variables (none within two edits of one of ours):
+# the program runs as it does without them, with one warning naming them
+# (threads: the first calls race in 8 threads).
+if wanted "another program's SOMA_* variables"; then
+  compare "another program's SOMA_* variables: the program runs" threads SOMA_HOME=/opt SOMA_CACHE_DIR=/tmp
+  err=$RUNS/${KEY}s.err
+  problems=()
+  [ "$(grep -c . "$err")" = 1 ] || problems+=("not one line on stderr: $(head -c 300 "$err")")
+  grep -q '^somashim: ignoring .*SOMA_HOME, SOMA_CACHE_DIR$' "$err" || problems+=("no warning naming them: $(head -c 300 "$err")")
+  ! grep -q '/opt' "$err" || problems+=("the warning shows a value, which is another program's")
+  checked "another program's SOMA_* variables: one warning naming them" "${problems[@]}"
+fi
+# SOMA_DISABLE=1 checks nothing else, so nothing stops the program.
+if wanted "SOMA_DISABLE=1 checks nothing else"; then
+  compare "SOMA_DISABLE=1 checks nothing else: the program runs" routing SOMA_DISABLE=1 SOMA_DISABEL=1 SOMA_HOME=/opt \
+    SOMA_POOL=shared SOMA_LOG=verbose
+  problems=()
+  [ ! -s "$RUNS/${KEY}s.err" ] || problems+=("stderr: $(head -c 300 "$RUNS/${KEY}s.err")")
+  checked "SOMA_DISABLE=1 checks nothing else: nothing on stderr" "${problems[@]}"
+fi
 bad_config SOMA_STATS ture                       # a path needs a /, so this is a mistyped flag
 if wanted "config error SOMA_STATS=ture"; then
   if [ -e ture ]; then fail "SOMA_STATS=ture wrote a file named ture"; else pass "SOMA_STATS=ture writes no file"; fi
 fi
+for flag in 0 1 off; do                          # a trace path needs a / too
+  bad_config SOMA_TRACE "$flag"
+  if wanted "config error SOMA_TRACE=$flag"; then
+    if [ -e "$flag" ]; then fail "SOMA_TRACE=$flag wrote a file named $flag"; else pass "SOMA_TRACE=$flag writes no file"; fi
+  fi
+done
+bad_config SOMA_TRACE "$RUNS/same.out" "$RUNS/same.out" "SOMA_STATS=$RUNS/same.out" # the table would replace the trace
+last_err_says "config error SOMA_TRACE and SOMA_STATS in the same file names SOMA_STATS" "SOMA_STATS=\"$RUNS/same.out\""
 bad_config SOMA_LOG verbose
 bad_config SOMA_LOG =
 bad_config SOMA_MIN_BYTES 2MiB 2MiB SOMA_MAX_BYTES=1MiB
+bad_config SOMA_MIN_BYTES max                    # no request is that large: nothing would be pooled
 # 5. threads
 compare "threads (8 x 2000)" threads
 compare "threads (8 x 2000), SOMA_FREE_ORDER=barrier" threads SOMA_FREE_ORDER=barrier
@@ -564,6 +597,9 @@ if wanted "full disk: trace"; then
   problems=()
   [ "$(rc_of "$KEY")" = 0 ] || problems+=("exit status $(rc_of "$KEY"), want 0")
   [ "$(grep -c 'writing the trace' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one warning: $(grep -c 'writing the trace' "$RUNS/$KEY.err")")
+  # under the shim's name, as the SOMA_STATS warning ("full disk: stats file")
+  grep -q '^somashim: writing the trace' "$RUNS/$KEY.err" ||
+    problems+=("the warning does not start with 'somashim: ': $(grep -m1 'writing the trace' "$RUNS/$KEY.err")")
   [ "$(tail -c 1 "$RUNS/full.csv" | od -An -c | tr -d ' ')" = '\n' ] || problems+=("the trace ends mid-row")
   awk -F, 'NF != 7 {bad = 1} END {exit bad}' "$RUNS/full.csv" || problems+=("a row of the trace is not whole")
   lost=$(sed -n 's/^trace incomplete: \([0-9]*\) rows lost.*/\1/p' "$RUNS/$KEY.err")
@@ -577,7 +613,7 @@ if wanted "full disk: stats file"; then
   run shim "$KEY" "$BIN/fsize_limited" FSIZE_LIMIT_KIB=0 "FSIZE_LIMITED=$BIN/callers" "SOMA_STATS=$OUTS/full.stats"
   problems=()
   [ "$(rc_of "$KEY")" = 0 ] || problems+=("exit status $(rc_of "$KEY"), want 0")
-  [ "$(grep -c 'cannot write statistics' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one warning")
+  [ "$(grep -c '^somashim: cannot write statistics' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one warning")
   grep -q '^somashim statistics' "$RUNS/$KEY.err" || problems+=("the table is not on stderr")
   [ ! -e "$OUTS/full.stats" ] || problems+=("an incomplete stats file is left")
   checked "full disk: stats file (one warning, the table on stderr, no empty file)" "${problems[@]}"
@@ -603,6 +639,37 @@ if wanted "replay of orderings" && command -v python3 >/dev/null; then
   problems=()
   [ "$got" = "$want" ] || problems+=("latency, peak, waiting: '$got', want '$want'" "$(cat "$RUNS/$KEY.out")")
   checked "replay of orderings (scripts/replay_orderings.py)" "${problems[@]}"
+fi
+
+# `make install`: the library goes without its debug info and still serves a
+# program; the build keeps its debug info for developers.
+if wanted "make install"; then
+  inst=$B/install
+  rm -rf "$inst"
+  problems=()
+  make -s install PREFIX="$inst" SHIM="$SHIM" >"$RUNS/install.out" 2>&1 || problems+=("make install failed: $(tail -n 3 "$RUNS/install.out")")
+  if command -v readelf >/dev/null; then
+    ! readelf -S -W "$inst/lib/libsomashim.so" | grep -q ' \.debug_info ' || problems+=("the installed library has a .debug_info section")
+  else
+    echo "# readelf not installed: the installed library's debug info not checked"
+  fi
+  checked "make install: the library without debug info ($(($(stat -c %s "$inst/lib/libsomashim.so" 2>/dev/null || echo 0) >> 10)) KiB; $(($(stat -c %s "$SHIM") >> 10)) KiB built)" "${problems[@]}"
+  SHIM=$inst/lib/libsomashim.so compare "make install: the installed library serves a program" routing
+fi
+
+# The test double defines no function named as one the GPU tests define: tools
+# that map a project's structure by names would take one for the other and see
+# the double and the GPU tests include each other.
+if wanted "test double's function names"; then
+  defined() {
+    grep -ohE '^[A-Za-z_][A-Za-z0-9_ ]*[ *]+[A-Za-z_][A-Za-z0-9_]*\(' "$@" |
+      sed -E 's/.*[ *]([A-Za-z_][A-Za-z0-9_]*)\($/\1/' | sort -u
+  }
+  shared=$(comm -12 <(defined c_tests/fake/*.c) <(defined c_tests/gpu/*.h c_tests/gpu/*.cu) | tr '\n' ' ')
+  problems=()
+  [ "$(defined c_tests/fake/*.c | wc -l)" -gt 100 ] || problems+=("too few definitions found in c_tests/fake: the pattern is broken")
+  [ -z "$shared" ] || problems+=("defined in both c_tests/fake and c_tests/gpu: $shared")
+  checked "test double's function names differ from the GPU tests' (c_tests/fake, c_tests/gpu)" "${problems[@]}"
 fi
 
 # The driver calls that issue work on a stream, as the shim's list names them,

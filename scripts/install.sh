@@ -3,11 +3,14 @@
 #
 #   scripts/install.sh PREFIX path/to/libsomashim.so
 #
-# puts LIB at PREFIX/lib/libsomashim.so and scripts/somarun at PREFIX/bin/somarun
-# (both mode 755), creating the directories; somarun finds the library there by
-# itself (../lib from its own directory). DESTDIR, if set, is prepended to both
-# (staged installs: the files land in $DESTDIR$PREFIX). Relative paths are taken
-# from the caller's directory. Errors: a line to stderr, exit 2.
+# puts LIB, without its debug info, at PREFIX/lib/libsomashim.so and
+# scripts/somarun at PREFIX/bin/somarun (both mode 755), creating the
+# directories; somarun finds the library there by itself (../lib from its own
+# directory). LIB itself keeps its debug info, for developers' debuggers and
+# profilers. DESTDIR, if set, is prepended to both (staged installs: the files
+# land in $DESTDIR$PREFIX); STRIP names the strip program (default strip).
+# Relative paths are taken from the caller's directory. Errors: a line to
+# stderr, exit 2, and nothing installed.
 set -euo pipefail
 
 if [ $# -ne 2 ] || [ -z "$1" ] || [ -z "$2" ]; then
@@ -16,6 +19,7 @@ if [ $# -ne 2 ] || [ -z "$1" ] || [ -z "$2" ]; then
 fi
 PREFIX=$1
 LIB=$2
+STRIP=${STRIP:-strip}
 HERE=$(dirname -- "$(readlink -f -- "${BASH_SOURCE[0]}")")
 LAUNCHER=$HERE/somarun
 
@@ -28,9 +32,18 @@ if [ ! -f "$LAUNCHER" ]; then
   exit 2
 fi
 
+# Debug info is most of the release build (Cargo.toml: debug = 1): the
+# installed copy goes without it.
+STRIPPED=$(mktemp)
+trap 'rm -f -- "$STRIPPED"' EXIT
+if ! "$STRIP" --strip-debug -o "$STRIPPED" -- "$LIB"; then
+  echo "install: '$STRIP --strip-debug' failed on '$LIB' (set STRIP to a strip program)" >&2
+  exit 2
+fi
+
 DEST=${DESTDIR:-}$PREFIX
 install -d -m 755 -- "$DEST/lib" "$DEST/bin"
-install -m 755 -- "$LIB" "$DEST/lib/libsomashim.so"
+install -m 755 -- "$STRIPPED" "$DEST/lib/libsomashim.so"
 install -m 755 -- "$LAUNCHER" "$DEST/bin/somarun"
 echo "installed $DEST/lib/libsomashim.so"
 echo "installed $DEST/bin/somarun"

@@ -419,16 +419,16 @@ cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
 }
 
 /* ---- pinned host memory */
-static cudaError_t host_alloc(void **ptr, size_t size, unsigned int flags) {
+static cudaError_t fake_host_alloc(void **ptr, size_t size, unsigned int flags) {
   if (!ptr) return seterr(cudaErrorInvalidValue);
   cudaError_t e = rt_ctx(NULL);
   if (e) return seterr(e);
   return rterr(d_cuMemHostAlloc(ptr, size, flags));
 }
 
-cudaError_t cudaMallocHost(void **ptr, size_t size) { return host_alloc(ptr, size, cudaHostAllocDefault); }
+cudaError_t cudaMallocHost(void **ptr, size_t size) { return fake_host_alloc(ptr, size, cudaHostAllocDefault); }
 
-cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) { return host_alloc(pHost, size, flags); }
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) { return fake_host_alloc(pHost, size, flags); }
 
 cudaError_t cudaFreeHost(void *ptr) {
   cudaError_t e = rt_ctx(NULL);

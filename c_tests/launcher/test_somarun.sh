@@ -39,12 +39,13 @@ VARS=(LD_PRELOAD SOMA_STATS SOMA_TRACE SOMA_RELEASE_THRESHOLD SOMA_POOL SOMA_MIN
   SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE)
 
 # --- fixtures ---------------------------------------------------------------
-: >"$TMP/empty.c"
+echo 'int somashim_fake(void) { return 0; }' >"$TMP/empty.c"
 CC=${CC:-}
 if [ -z "$CC" ]; then
   if command -v cc >/dev/null 2>&1; then CC=cc; else CC=gcc; fi
 fi
-if ! "$CC" -shared -fPIC -o "$TMP/fake.so" "$TMP/empty.c" 2>"$TMP/cc.err"; then
+# With debug info, as the release build has, for install.sh to strip.
+if ! "$CC" -g -shared -fPIC -o "$TMP/fake.so" "$TMP/empty.c" 2>"$TMP/cc.err"; then
   echo "FAIL setup: cannot build the empty library with '$CC': $(head -c 300 "$TMP/cc.err")"
   echo "0 passed, 1 failed"
   exit 1
@@ -184,7 +185,12 @@ expect_vars "size value passed unchecked" "SOMA_RELEASE_THRESHOLD=lots" "LD_PREL
 run "$SOMARUN" --lib "$LIB_A" --min-bytes -1 -- "$PROBE"
 expect_vars "value starting with one dash" "SOMA_MIN_BYTES=-1" "LD_PRELOAD=$LIB_A"
 run "$SOMARUN" --lib "$LIB_A" --trace=--odd-name.csv -- "$PROBE"
-expect_vars "option=VALUE takes a value starting with --" "SOMA_TRACE=--odd-name.csv" "LD_PRELOAD=$LIB_A"
+expect_vars "option=VALUE takes a value starting with --" "SOMA_TRACE=./--odd-name.csv" "LD_PRELOAD=$LIB_A"
+# The library takes a SOMA_TRACE path only with a '/'.
+run "$SOMARUN" --lib "$LIB_A" --trace t.csv -- "$PROBE"
+expect_vars "option --trace FILE without a / gets ./" "SOMA_TRACE=./t.csv" "LD_PRELOAD=$LIB_A"
+run "$SOMARUN" --lib "$LIB_A" --trace=out/t.csv -- "$PROBE"
+expect_vars "option --trace=DIR/FILE kept as given" "SOMA_TRACE=out/t.csv" "LD_PRELOAD=$LIB_A"
 
 run "$SOMARUN" --lib "$LIB_A" --stats -- "$PROBE"
 expect_vars "option --stats" "SOMA_STATS=1" "LD_PRELOAD=$LIB_A"
@@ -205,7 +211,7 @@ expect_vars "no options: only LD_PRELOAD set" "LD_PRELOAD=$LIB_A"
 run "$SOMARUN" --lib "$LIB_A" --stats=s.txt --trace t.csv --threshold=0 --pool own --min-bytes 2K \
   --max-bytes=1G --free-sync --free-order join --pending-free-limit=1MiB --meminfo real --passthrough-callers=libnccl \
   --log trace --disable -- "$PROBE"
-expect_vars "all options together" "LD_PRELOAD=$LIB_A" SOMA_STATS=./s.txt SOMA_TRACE=t.csv \
+expect_vars "all options together" "LD_PRELOAD=$LIB_A" SOMA_STATS=./s.txt SOMA_TRACE=./t.csv \
   SOMA_RELEASE_THRESHOLD=0 SOMA_POOL=own SOMA_MIN_BYTES=2K SOMA_MAX_BYTES=1G SOMA_FREE_SYNC=1 \
   SOMA_FREE_ORDER=join SOMA_PENDING_FREE_LIMIT=1MiB SOMA_MEMINFO=real SOMA_PASSTHROUGH_CALLERS=libnccl SOMA_LOG=trace \
   SOMA_DISABLE=1
@@ -278,10 +284,26 @@ expect_vars "next to the script before ../lib" "LD_PRELOAD=$TMP/repo/scripts/lib
 PREFIX=$TMP/prefix
 run "$INSTALL" "$PREFIX" "$LIB_A"
 if [ "$RC" = 0 ] && [ -f "$PREFIX/lib/libsomashim.so" ] && [ -f "$PREFIX/bin/somarun" ] &&
-  cmp -s "$LIB_A" "$PREFIX/lib/libsomashim.so" && cmp -s "$SOMARUN" "$PREFIX/bin/somarun"; then
+  cmp -s "$SOMARUN" "$PREFIX/bin/somarun"; then
   pass "install.sh installs both files"
 else
   fail "install.sh installs both files" "status $RC, stderr: $(short "$TMP/err")"
+fi
+# The library goes without its debug info; the one given keeps it.
+if command -v readelf >/dev/null 2>&1; then
+  has_debug_info() { readelf -S -W "$1" | grep -q ' \.debug_info '; }
+  dynamic_symbols() { readelf --dyn-syms -W "$1" | grep -v '^Symbol table'; }
+  if ! has_debug_info "$LIB_A"; then
+    fail "install.sh strips debug info" "the fixture $LIB_A has no .debug_info to strip"
+  elif has_debug_info "$PREFIX/lib/libsomashim.so"; then
+    fail "install.sh strips debug info" "$PREFIX/lib/libsomashim.so has a .debug_info section"
+  elif [ "$(dynamic_symbols "$LIB_A")" != "$(dynamic_symbols "$PREFIX/lib/libsomashim.so")" ]; then
+    fail "install.sh strips debug info" "the installed library's dynamic symbols differ from $LIB_A's"
+  else
+    pass "install.sh strips debug info (the given library keeps it; the same dynamic symbols)"
+  fi
+else
+  echo "# readelf not installed: install.sh's stripping not checked" >&2
 fi
 modes="$(stat -c %a "$PREFIX/lib/libsomashim.so" 2>&1) $(stat -c %a "$PREFIX/bin/somarun" 2>&1)"
 if [ "$modes" = "755 755" ]; then pass "install.sh modes 755"; else fail "install.sh modes 755" "got $modes"; fi
@@ -309,6 +331,12 @@ run "$INSTALL"
 expect_status "install.sh without arguments exits 2" 2
 run "$INSTALL" "$TMP/prefix2" "$TMP/nowhere.so"
 expect_status "install.sh with a missing library exits 2" 2
+run env STRIP="$TMP/no-such-strip" "$INSTALL" "$TMP/prefix3" "$LIB_A"
+if [ "$RC" = 2 ] && [ ! -e "$TMP/prefix3" ] && grep -q 'STRIP' "$TMP/err"; then
+  pass "install.sh without a strip program exits 2, installing nothing"
+else
+  fail "install.sh without a strip program exits 2, installing nothing" "status $RC, stderr: $(short "$TMP/err")"
+fi
 
 # --- exit status and signals ------------------------------------------------
 for code in 0 3 42; do

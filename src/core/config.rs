@@ -2,12 +2,16 @@
 //!
 //! Every variable is a row of [`VARIABLES`]; the README's table is checked
 //! against it by a test, so the two cannot drift apart. A `SOMA_*` variable
-//! that is not in the table is an error too (a misspelt one would otherwise be
-//! ignored without a word).
+//! within a few edits of one in the table is an error too (a misspelt one
+//! would otherwise be ignored without a word); any other is another
+//! program's, and gets a warning. With `SOMA_DISABLE=1` nothing is checked.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::Once;
+
+use super::output;
 
 /// Which memory pool serves the shim's allocations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +122,9 @@ pub struct Config {
 enum Kind {
     Flag,
     Size { allow_total: bool },
+    /// A byte count below `max`: no request is that large, so a least size
+    /// of `max` would pool nothing.
+    MinSize,
     /// A byte count or a percentage of the device's memory.
     Share,
     Pool,
@@ -140,6 +147,7 @@ impl Kind {
             Kind::Size { allow_total: true } => {
                 "a byte count such as 0, 4096, 512MiB, 4G, or max, or total (the device's memory)"
             }
+            Kind::MinSize => "a byte count such as 0, 4096, 512KiB, 512MiB, 4G or 1TiB; not max, which would pool nothing",
             Kind::Share => {
                 "a byte count above 0 such as 512MiB or 40G, a percentage of the device's memory such as 50% or \
                  12.5%, or max (no limit)"
@@ -148,7 +156,7 @@ impl Kind {
             Kind::FreeOrder => "barrier or join",
             Kind::LegacyCache => "auto, on or off",
             Kind::Stats => "0 or 1 (also true/false, yes/no, on/off; 1: to stderr), or a file path, which must contain a / (such as ./stats.txt)",
-            Kind::Path => "a file path, or empty for none",
+            Kind::Path => "a file path, which must contain a / (such as ./trace.csv), or empty for none",
             Kind::MemInfo => "real or pool",
             Kind::List => "comma-separated library names such as libnccl,libfoo (empty for none)",
             Kind::LogFilter => {
@@ -181,6 +189,17 @@ pub struct Variable {
     pub default: &'static str,
     pub doc: &'static str,
     store: fn(&mut Config, Value),
+}
+
+impl Variable {
+    /// `value` parsed, with its text; one that does not parse (or is not
+    /// UTF-8) is an error naming the variable.
+    fn read<'a>(&self, value: &'a OsStr) -> Result<(&'a str, Value), ConfigError> {
+        let bad_value =
+            || ConfigError::BadValue { variable: self.name, value: shown(value), accepted: self.kind.accepted_forms() };
+        let text = value.to_str().ok_or_else(bad_value)?;
+        Ok((text, parse(self.kind, text).ok_or_else(bad_value)?))
+    }
 }
 
 macro_rules! store {
@@ -248,7 +267,7 @@ pub static VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "SOMA_MIN_BYTES",
-        kind: Kind::Size { allow_total: false },
+        kind: Kind::MinSize,
         default: "1",
         doc: "Smaller requests go to the real cudaMalloc.",
         store: store_bytes!(min_bytes),
@@ -360,10 +379,13 @@ pub static VARIABLES: &[Variable] = &[
 pub enum ConfigError {
     /// A value that does not parse (or is not UTF-8).
     BadValue { variable: &'static str, value: String, accepted: &'static str },
-    /// A `SOMA_*` variable that is not in the table.
+    /// A `SOMA_*` variable that is not in the table but a misspelling of one.
     UnknownVariable { name: String, value: String, closest: &'static str },
     /// `SOMA_MIN_BYTES` above `SOMA_MAX_BYTES`: nothing would be pooled.
     EmptySizeRange { min: String, max: String },
+    /// `SOMA_STATS` and `SOMA_TRACE` naming one file: the table written at
+    /// exit would replace the trace.
+    SameFile { stats: String, trace: String },
 }
 
 impl fmt::Display for ConfigError {
@@ -385,6 +407,11 @@ impl fmt::Display for ConfigError {
                 "somashim: SOMA_MIN_BYTES=\"{min}\" is more than SOMA_MAX_BYTES=\"{max}\", so nothing would be \
                  pooled; accepted: SOMA_MIN_BYTES at most SOMA_MAX_BYTES (SOMA_DISABLE=1 passes every call through)"
             ),
+            ConfigError::SameFile { stats, trace } => write!(
+                f,
+                "somashim: SOMA_STATS=\"{stats}\" and SOMA_TRACE=\"{trace}\" name the same file, so the table \
+                 written at exit would replace the trace; accepted: two different files"
+            ),
         }
     }
 }
@@ -392,8 +419,23 @@ impl fmt::Display for ConfigError {
 impl Config {
     /// Reads the configuration from the process's environment (`vars`: every
     /// name and value; those not starting with `SOMA_` are not looked at).
+    /// `SOMA_*` variables of other programs are warned of, once a process.
     pub fn from_environment(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Result<Config, ConfigError> {
+        let (config, others) = Config::read(vars)?;
+        if !others.is_empty() {
+            static WARNED: Once = Once::new();
+            WARNED.call_once(|| {
+                output::warn(format_args!("ignoring SOMA_* variables that are not somashim's: {}", others.join(", ")))
+            });
+        }
+        Ok(config)
+    }
+
+    /// The configuration, and the `SOMA_*` variables it leaves to other
+    /// programs (as the messages show them).
+    fn read(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Result<(Config, Vec<String>), ConfigError> {
         let mut given: Vec<Option<OsString>> = vec![None; VARIABLES.len()];
+        let mut unknown = Vec::new();
         for (name, value) in vars {
             if !name.as_bytes().starts_with(b"SOMA_") {
                 continue;
@@ -403,29 +445,34 @@ impl Config {
                 Some(index) => {
                     given[index].get_or_insert(value);
                 }
-                None => {
-                    return Err(ConfigError::UnknownVariable {
-                        name: shown(&name),
-                        value: shown(&value),
-                        closest: closest_variable(&name),
-                    })
-                }
+                None => unknown.push((name, value)),
             }
         }
         let mut config = Config::placeholder();
         for (variable, given) in VARIABLES.iter().zip(&given) {
-            let bad_value = |value: &OsStr| ConfigError::BadValue {
-                variable: variable.name,
-                value: shown(value),
-                accepted: variable.kind.accepted_forms(),
+            let default = OsStr::new(variable.default);
+            let (text, value) = match variable.read(given.as_deref().unwrap_or(default)) {
+                // SOMA_DISABLE=1 must let the program run as it would without
+                // the shim, so nothing else is checked: a value that is not
+                // valid is left at its default. SOMA_DISABLE is the table's
+                // first row, so it is read before the others.
+                Err(_) if config.disable => variable.read(default)?,
+                read => read?,
             };
-            let text = match given {
-                Some(value) => value.to_str().ok_or_else(|| bad_value(value))?,
-                None => variable.default,
-            };
-            let value = parse(variable.kind, text).ok_or_else(|| bad_value(OsStr::new(text)))?;
             (variable.store)(&mut config, value);
             config.effective.push((variable.name, text.to_string()));
+        }
+        if config.disable {
+            return Ok((config, Vec::new()));
+        }
+        let mut others = Vec::new();
+        for (name, value) in unknown {
+            match misspelt(&name) {
+                Some(closest) => {
+                    return Err(ConfigError::UnknownVariable { name: shown(&name), value: shown(&value), closest })
+                }
+                None => others.push(shown(&name)),
+            }
         }
         if config.min_bytes > config.max_bytes {
             let text = |name| config.effective.iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone());
@@ -434,7 +481,12 @@ impl Config {
                 max: text("SOMA_MAX_BYTES").unwrap_or_default(),
             });
         }
-        Ok(config)
+        if let (StatsOutput::File(stats), Some(trace)) = (&config.stats, &config.trace) {
+            if output::same_file(stats, trace) {
+                return Err(ConfigError::SameFile { stats: shown(OsStr::new(stats)), trace: shown(OsStr::new(trace)) });
+            }
+        }
+        Ok((config, others))
     }
 
     /// Every field before the table fills it in; never seen by callers.
@@ -465,16 +517,15 @@ impl Config {
         }
     }
 
-    /// Whether a request of `size` bytes is in the range the pool serves.
     /// In a process forked from the one that loaded the shim, before it
     /// reports anything: its trace and statistics files are `<path>.<pid>`,
     /// never the parent's.
     pub fn for_forked_child(&mut self, pid: u32) {
         if let Some(path) = &mut self.trace {
-            *path = super::output::in_child(path, pid);
+            *path = output::in_child(path, pid);
         }
         if let StatsOutput::File(path) = &mut self.stats {
-            *path = super::output::in_child(path, pid);
+            *path = output::in_child(path, pid);
         }
     }
 
@@ -484,6 +535,7 @@ impl Config {
         !self.disable && (self.meminfo == MemInfo::Pool || self.memory_limit != Bytes::Exact(u64::MAX))
     }
 
+    /// Whether a request of `size` bytes is in the range the pool serves.
     pub fn pools_size(&self, size: u64) -> bool {
         size >= self.min_bytes && size <= self.max_bytes
     }
@@ -500,10 +552,18 @@ fn shown(value: &OsStr) -> String {
     out
 }
 
-/// The known variable nearest to `name` by edit distance (a misspelling's likely meaning).
-fn closest_variable(name: &OsStr) -> &'static str {
-    let name = name.as_bytes();
-    VARIABLES.iter().map(|v| v.name).min_by_key(|known| edit_distance(name, known.as_bytes())).unwrap_or("")
+/// The most edits (case aside) that make a `SOMA_*` name a misspelling of a
+/// variable of the table (`SOMA_DISABEL`, `SOMA_STAT`) rather than another
+/// program's (`SOMA_HOME`).
+const MISSPELLING_EDITS: usize = 2;
+
+/// The known variable that `name` is a misspelling of, if any: the nearest
+/// by edit distance, case aside.
+fn misspelt(name: &OsStr) -> Option<&'static str> {
+    let name = name.as_bytes().to_ascii_uppercase();
+    let (edits, closest) =
+        VARIABLES.iter().map(|v| (edit_distance(&name, v.name.as_bytes()), v.name)).min_by_key(|&(edits, _)| edits)?;
+    (edits <= MISSPELLING_EDITS).then_some(closest)
 }
 
 /// Levenshtein distance: the fewest insertions, deletions and substitutions
@@ -531,6 +591,7 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             "total" if allow_total => Some(Value::Size(Bytes::DeviceTotal)),
             _ => parse_size(text).map(|n| Value::Size(Bytes::Exact(n))),
         },
+        Kind::MinSize => parse_size(text).filter(|&n| n < u64::MAX).map(|n| Value::Size(Bytes::Exact(n))),
         // A limit of nothing would refuse every allocation: not a setting anyone means.
         Kind::Share => match text.strip_suffix('%') {
             Some(percent) => parse_percent(percent).map(|share| Value::Size(Bytes::DeviceShare(share))),
@@ -552,12 +613,13 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
             "off" => Some(Value::LegacyCache(LegacyCache::Off)),
             _ => None,
         },
-        // A path is told from a flag by its `/`, so that a mistyped flag
-        // (`ture`) cannot become a file in the current directory.
-        Kind::Stats if text.contains('/') => Some(Value::Stats(StatsOutput::File(text.to_string()))),
         Kind::Stats if text.is_empty() => Some(Value::Stats(StatsOutput::Off)),
-        Kind::Stats => parse_flag(text).map(|on| Value::Stats(if on { StatsOutput::Stderr } else { StatsOutput::Off })),
-        Kind::Path => Some(Value::Path((!text.is_empty()).then(|| text.to_string()))),
+        Kind::Stats => match file_path(text) {
+            Some(path) => Some(Value::Stats(StatsOutput::File(path))),
+            None => parse_flag(text).map(|on| Value::Stats(if on { StatsOutput::Stderr } else { StatsOutput::Off })),
+        },
+        Kind::Path if text.is_empty() => Some(Value::Path(None)),
+        Kind::Path => file_path(text).map(|path| Value::Path(Some(path))),
         Kind::MemInfo => match text.to_ascii_lowercase().as_str() {
             "real" => Some(Value::MemInfo(MemInfo::Real)),
             "pool" => Some(Value::MemInfo(MemInfo::Pool)),
@@ -568,6 +630,13 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
         )),
         Kind::LogFilter => text.split(',').all(is_log_directive).then(|| Value::Text(text.to_string())),
     }
+}
+
+/// A file to write: a path is told from a flag by its `/`, so that a flag
+/// (`0`, `off`) or a mistyped one (`ture`) cannot become a file in the
+/// current directory.
+fn file_path(text: &str) -> Option<String> {
+    text.contains('/').then(|| text.to_string())
 }
 
 /// One directive of `SOMA_LOG`: `level`, `module` or `module=level`, where a
@@ -636,8 +705,12 @@ mod tests {
     use super::*;
     use std::os::unix::ffi::OsStringExt;
 
+    fn vars<'a>(pairs: &'a [(&str, &str)]) -> impl Iterator<Item = (OsString, OsString)> + 'a {
+        pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v)))
+    }
+
     fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        Config::from_environment(pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))))
+        Config::from_environment(vars(pairs))
     }
 
     /// The variable a bad value was blamed on.
@@ -686,6 +759,16 @@ mod tests {
     }
 
     #[test]
+    fn a_trace_path_needs_a_slash_so_a_flag_is_an_error() {
+        for flag in ["0", "1", "off", "trace.csv"] {
+            let message = config(&[("SOMA_TRACE", flag)]).unwrap_err().to_string();
+            assert!(message.contains(&format!("SOMA_TRACE=\"{flag}\"")) && message.contains("./trace.csv"), "{message}");
+        }
+        assert_eq!(config(&[("SOMA_TRACE", "./t.csv")]).unwrap().trace.as_deref(), Some("./t.csv"));
+        assert_eq!(config(&[("SOMA_TRACE", "")]).unwrap().trace, None);
+    }
+
+    #[test]
     fn a_value_that_is_not_utf8_is_an_error_not_unset() {
         let value = OsString::from_vec(b"1\xff".to_vec());
         let e = Config::from_environment([(OsString::from("SOMA_DISABLE"), value)]).unwrap_err();
@@ -707,6 +790,45 @@ mod tests {
     }
 
     #[test]
+    fn another_programs_variable_is_left_to_it() {
+        let pairs = [("SOMA_HOME", "/opt"), ("SOMA_POOL", "default"), ("SOMA_CACHE_DIR", "/tmp")];
+        let (c, others) = Config::read(vars(&pairs)).unwrap();
+        assert_eq!(c.pool, PoolChoice::Default);
+        assert_eq!(others, ["SOMA_HOME", "SOMA_CACHE_DIR"]);
+        assert!(Config::read(vars(&[("SOMA_POOL", "own")])).unwrap().1.is_empty());
+        let typos = [("SOMA_STAT", "SOMA_STATS"), ("SOMA_pool", "SOMA_POOL"), ("SOMA_TRACEE", "SOMA_TRACE"), ("SOMA_LGO", "SOMA_LOG")];
+        for (typo, meant) in typos {
+            let e = config(&[("SOMA_HOME", "/opt"), (typo, "1")]).unwrap_err();
+            assert!(matches!(&e, ConfigError::UnknownVariable { closest, .. } if *closest == meant), "{typo}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn with_disable_nothing_else_is_checked() {
+        let not_utf8 = OsString::from_vec(b"\xff".to_vec());
+        for variable in VARIABLES.iter().filter(|v| v.name != "SOMA_DISABLE") {
+            let given = [("SOMA_DISABLE".into(), "1".into()), (variable.name.into(), not_utf8.clone())];
+            let c = Config::from_environment(given).unwrap_or_else(|e| panic!("{}: {e}", variable.name));
+            assert!(c.disable);
+            let effective = (variable.name, variable.default.to_string());
+            assert!(c.effective.contains(&effective), "{} is left at its default", variable.name);
+        }
+        let (c, others) = Config::read(vars(&[
+            ("SOMA_DISABLE", "yes"),
+            ("SOMA_DISABEL", "1"),
+            ("SOMA_HOME", "/opt"),
+            ("SOMA_MIN_BYTES", "2MiB"),
+            ("SOMA_MAX_BYTES", "1MiB"),
+            ("SOMA_STATS", "/tmp/soma.out"),
+            ("SOMA_TRACE", "/tmp/soma.out"),
+        ]))
+        .unwrap();
+        assert!(c.disable && others.is_empty());
+        assert_eq!(blamed(config(&[("SOMA_DISABLE", "maybe"), ("SOMA_POOL", "shared")]).unwrap_err()), "SOMA_DISABLE");
+        assert_eq!(blamed(config(&[("SOMA_DISABLE", "0"), ("SOMA_POOL", "shared")]).unwrap_err()), "SOMA_POOL");
+    }
+
+    #[test]
     fn log_filters_are_checked() {
         for good in ["warn", "", "off", "somashim=debug", "somashim::core::trace=TRACE", "somashim", "info,somashim=trace,"] {
             assert_eq!(config(&[("SOMA_LOG", good)]).unwrap().log, good, "{good}");
@@ -722,6 +844,28 @@ mod tests {
         assert_eq!(e, ConfigError::EmptySizeRange { min: "2MiB".into(), max: "1MiB".into() });
         assert!(e.to_string().contains("SOMA_MIN_BYTES=\"2MiB\" is more than SOMA_MAX_BYTES=\"1MiB\""), "{e}");
         assert!(config(&[("SOMA_MIN_BYTES", "1MiB"), ("SOMA_MAX_BYTES", "1MiB")]).is_ok());
+    }
+
+    #[test]
+    fn min_bytes_of_max_pools_nothing_so_it_is_an_error() {
+        for max in ["max", " MAX", "18446744073709551615"] {
+            let message = config(&[("SOMA_MIN_BYTES", max)]).unwrap_err().to_string();
+            assert!(message.contains("SOMA_MIN_BYTES") && message.contains("not max"), "{max}: {message}");
+        }
+        assert_eq!(config(&[("SOMA_MIN_BYTES", "1TiB")]).unwrap().min_bytes, 1 << 40);
+        assert_eq!(config(&[("SOMA_MIN_BYTES", "0")]).unwrap().min_bytes, 0);
+        assert_eq!(config(&[("SOMA_MAX_BYTES", "max")]).unwrap().max_bytes, u64::MAX);
+    }
+
+    #[test]
+    fn stats_and_trace_in_one_file_is_an_error() {
+        let e = config(&[("SOMA_STATS", "/tmp/soma.out"), ("SOMA_TRACE", "/tmp//soma.out")]).unwrap_err();
+        assert_eq!(e, ConfigError::SameFile { stats: "/tmp/soma.out".into(), trace: "/tmp//soma.out".into() });
+        let message = e.to_string();
+        assert!(message.contains("SOMA_STATS=\"/tmp/soma.out\" and SOMA_TRACE=\"/tmp//soma.out\""), "{message}");
+        assert!(message.contains("accepted: two different files"), "{message}");
+        assert!(config(&[("SOMA_STATS", "/tmp/soma.stats"), ("SOMA_TRACE", "/tmp/soma.csv")]).is_ok());
+        assert!(config(&[("SOMA_STATS", "1"), ("SOMA_TRACE", "/tmp/soma.csv")]).is_ok());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The files the shim writes for the user (`SOMA_TRACE`, `SOMA_STATS`).
+//! The files the shim writes for the user (`SOMA_TRACE`, `SOMA_STATS`), and
+//! its warnings to the user.
 //!
 //! The shim runs inside someone else's program, often with more rights than
 //! the person who set the variable expected, so a path is never followed
@@ -6,9 +7,11 @@
 //! block the program, a device is not ours to fill), and a file it creates is
 //! readable by its owner alone.
 
+use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::absolute;
 
 /// `path`, created (mode 0600) or truncated, for writing.
 pub fn create(path: &str) -> io::Result<File> {
@@ -36,6 +39,26 @@ pub fn create(path: &str) -> io::Result<File> {
 
 fn not_a_regular_file() -> io::Error {
     io::Error::other("it is not a regular file")
+}
+
+/// Whether paths `a` and `b` name one file: the same path once made absolute
+/// (`./out` and `$PWD//out`), or one existing file (a hard link, a directory
+/// reached through a link).
+pub fn same_file(a: &str, b: &str) -> bool {
+    if absolute(a).is_ok_and(|a| absolute(b).is_ok_and(|b| a == b)) {
+        return true;
+    }
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// A warning to the user on stderr, under the shim's name as its
+/// configuration errors are, whatever `SOMA_LOG` says: the user asked for
+/// what it is about. A failed write is ignored (`eprintln!` would panic).
+pub fn warn(message: fmt::Arguments) {
+    let _ = writeln!(io::stderr(), "somashim: {message}");
 }
 
 /// `path` as a forked child writes it: `<path>.<pid>`, so that parent and
@@ -67,6 +90,25 @@ mod tests {
         std::fs::write(&path, "old").unwrap();
         drop(create(path.to_str().unwrap()).unwrap());
         assert_eq!(std::fs::read(&path).unwrap(), b"");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn one_file_under_two_paths_is_the_same_file() {
+        let dir = scratch("same");
+        let path = dir.join("out");
+        let text = path.to_str().unwrap();
+        assert!(same_file(text, text));
+        assert!(same_file(text, &format!("{}//./out", dir.display())), "absent yet, told by the path alone");
+        let cwd = std::env::current_dir().unwrap();
+        assert!(same_file("./somashim-absent/out", &format!("{}/somashim-absent/out", cwd.display())));
+        assert!(!same_file(text, &format!("{text}2")));
+        std::fs::write(&path, "").unwrap();
+        let link = dir.join("hard");
+        std::fs::hard_link(&path, &link).unwrap();
+        assert!(same_file(text, link.to_str().unwrap()), "a hard link");
+        std::fs::write(dir.join("other"), "").unwrap();
+        assert!(!same_file(text, dir.join("other").to_str().unwrap()));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -6,7 +6,7 @@
 //!
 //! Only whole rows reach the file: a write that fails (a full disk) is cut
 //! back to the last whole row, its rows are counted as lost, and the first
-//! failure is logged once. A forked child writes `<path>.<pid>` (`forked`).
+//! failure is warned of once (`output::warn`). A forked child writes `<path>.<pid>` (`forked`).
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -123,7 +123,7 @@ impl Output {
                 // Part of them may have been written: cut back to the last whole row.
                 let _ = self.file.set_len(self.length);
                 if !std::mem::replace(&mut self.warned, true) {
-                    log::warn!("writing the trace to {path} failed: {e}; events that do not fit are lost");
+                    output::warn(format_args!("writing the trace to {path} failed: {e}; events that do not fit are lost"));
                 }
                 false
             }
@@ -193,7 +193,7 @@ impl Trace {
         let path = output::in_child(&self.path, pid);
         let (sink, error) = Sink::create(path);
         if let Some(e) = error {
-            log::warn!("cannot write the trace to {}: {e}; this process's events are lost", sink.path);
+            output::warn(format_args!("cannot write the trace to {}: {e}; this process's events are lost", sink.path));
         }
         self.sink.store(Box::leak(Box::new(sink)), Ordering::Release);
     }
