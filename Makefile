@@ -14,13 +14,40 @@ PREFIX ?= /usr/local
 
 .PHONY: test gpu-test gpu-test-cuda12 cuda12-runtime demo bench compat install headers shim clean
 
-# Real CUDA 13.0 headers for the CPU test double, from the pinned pip packages
-# (the runtime's, and crt/ which cuda_runtime_api.h includes).
-headers: $(CUDA_HEADERS)/crt/host_defines.h
-$(CUDA_HEADERS)/crt/host_defines.h:
-	rm -rf $(BUILD)/cuda
-	python3 -m pip install --quiet --no-deps --disable-pip-version-check --root-user-action=ignore \
-		--target $(BUILD)/cuda nvidia-cuda-runtime==$(CUDA_RUNTIME_PIN) nvidia-cuda-crt==$(CUDA_CRT_PIN)
+# Real CUDA 13.0 headers for the CPU test double, in $(CUDA_HEADERS). Where CUDA_HOME
+# is set and $(CUDA_HOME)/include/cuda.h is CUDA 13.0's, that directory is linked there
+# and nothing is fetched; else the pinned pip packages (the runtime's, and crt/ which
+# cuda_runtime_api.h includes) are fetched once, which needs network access.
+headers:
+	@if [ -n "$(CUDA_HOME)" ] && [ -f "$(CUDA_HOME)/include/cuda.h" ]; then \
+	  v=$$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$(CUDA_HOME)/include/cuda.h"); \
+	  if [ "$$v" = 13000 ]; then \
+	    rm -rf $(CUDA_HEADERS) && mkdir -p $(dir $(CUDA_HEADERS)) && \
+	    ln -s "$$(readlink -f "$(CUDA_HOME)/include")" $(CUDA_HEADERS) && \
+	    echo "make headers: using the CUDA 13.0 headers in $(CUDA_HOME)/include (CUDA_HOME)"; \
+	    exit $$?; \
+	  fi; \
+	  echo "make headers: $(CUDA_HOME)/include/cuda.h is CUDA_VERSION $${v:-unknown}, not 13000 (13.0), which the test double is built and checked against: fetching the pinned 13.0 headers instead"; \
+	elif [ -n "$(CUDA_HOME)" ]; then \
+	  echo "make headers: CUDA_HOME=$(CUDA_HOME) has no include/cuda.h: fetching the pinned 13.0 headers instead"; \
+	fi; \
+	if [ -L $(CUDA_HEADERS) ] || [ ! -f $(CUDA_HEADERS)/crt/host_defines.h ]; then \
+	  rm -rf $(BUILD)/cuda; \
+	  echo "make headers: fetching the CUDA 13.0 headers with pip (nvidia-cuda-runtime==$(CUDA_RUNTIME_PIN), nvidia-cuda-crt==$(CUDA_CRT_PIN))"; \
+	  python3 -m pip install --quiet --no-deps --disable-pip-version-check --root-user-action=ignore \
+	    --target $(BUILD)/cuda nvidia-cuda-runtime==$(CUDA_RUNTIME_PIN) nvidia-cuda-crt==$(CUDA_CRT_PIN) || { \
+	    rm -rf $(BUILD)/cuda; \
+	    echo "" >&2; \
+	    echo "make headers: could not fetch the CUDA 13.0 headers that the CPU test double (make test, and make demo" >&2; \
+	    echo "without a GPU) is built against. Either:" >&2; \
+	    echo "  - give python3 -m pip network access once: it installs nvidia-cuda-runtime==$(CUDA_RUNTIME_PIN) and" >&2; \
+	    echo "    nvidia-cuda-crt==$(CUDA_CRT_PIN) into $(BUILD)/cuda (pip's own error is above); or" >&2; \
+	    echo "  - use local headers: CUDA_HOME=/path/to/cuda make test (or make demo), where" >&2; \
+	    echo "    /path/to/cuda/include/cuda.h is CUDA 13.0's; or" >&2; \
+	    echo "  - copy $(BUILD)/cuda from a checkout where make headers succeeded." >&2; \
+	    exit 1; \
+	  }; \
+	fi
 
 shim:
 ifeq ($(SHIM),)

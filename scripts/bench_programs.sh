@@ -20,12 +20,12 @@
 # group's baseline in that round), PYTHON (python3), BENCH_STEPS (30) and BENCH_WARMUP (5) for the torch
 # and DDP runs, BENCH_RESNET_STEPS (default BENCH_STEPS), BENCH_DDP_STEPS (200: each DDP
 # step draws its sequence length, 64 to 512, so 30 steps sample few lengths and the
-# pool's first growth weighs on their median: docs/BENCHMARKS.md, twelfth session),
+# pool's first growth weighs on their median: docs/BENCHMARKS.md, "DDP, two ranks"),
 # BENCH_CUPY_CHAINS (40), BENCH_TIMEOUT (90: seconds per scenario, then it is killed
 # and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy'),
 # BENCH_SHIM_VARIANTS (';'-separated groups of SOMA_* settings: each runs every shim
 # scenario once more with them, named SCENARIO[SETTINGS], in the same rounds; e.g.
-# 'SOMA_LEGACY_CACHE=0' measures the shim without its legacy-order cache; a group may
+# 'SOMA_LEGACY_CACHE=off' measures the shim without its legacy-order cache; a group may
 # also hold LD_PRELOAD=/absolute/path/other.so, which runs another build of the shim in
 # the same rounds: the later assignment wins).
 # SOMA_* variables in the environment reach the shim runs; shim runs also get

@@ -38,7 +38,7 @@ demo_on_test_double() {
   CC=${CC:-gcc}
   if [ ! -f "$INC/cuda_runtime_api.h" ]; then
     make --no-print-directory headers || {
-      echo "demo: no GPU here ($why), and the CUDA headers for the test double could not be fetched (make headers)"
+      echo "demo: no GPU here ($why), so the demo runs on the CUDA test double, which needs the CUDA 13.0 headers: see make headers above"
       exit 1
     }
   fi

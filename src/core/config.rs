@@ -1,10 +1,11 @@
 //! The `SOMA_*` configuration: one table, one parser. No FFI here.
 //!
-//! Every variable is a row of [`VARIABLES`]; the README's table is checked
-//! against it by a test, so the two cannot drift apart. A `SOMA_*` variable
-//! within a few edits of one in the table is an error too (a misspelt one
-//! would otherwise be ignored without a word); any other is another
-//! program's, and gets a warning. With `SOMA_DISABLE=1` nothing is checked.
+//! Every variable is a row of [`VARIABLES`]; the table of docs/CONFIG.md, and
+//! the README's rows, are checked against it by a test, so they cannot drift
+//! apart. A `SOMA_*` variable within a few edits of one in the table is an
+//! error too (a misspelt one would otherwise be ignored without a word); any
+//! other is another program's, and gets a warning. With `SOMA_DISABLE=1`
+//! nothing is checked.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -979,21 +980,59 @@ mod tests {
         assert!(!c.pools_size((1 << 20) + 1));
     }
 
+    /// The cells of a Markdown table row that begins with "| `NAME`", from
+    /// the name on; `None` if `text` has no such row.
+    fn table_row<'a>(text: &'a str, name: &str) -> Option<Vec<&'a str>> {
+        let start = format!("| `{name}`");
+        let row = text.lines().find(|l| l.starts_with(&start))?;
+        Some(row.split('|').skip(1).map(str::trim).collect())
+    }
+
+    /// The default as the tables write it: in backquotes, or "(unset)".
+    fn written_default(v: &Variable) -> String {
+        if v.default.is_empty() {
+            "(unset)".to_string()
+        } else {
+            format!("`{}`", v.default)
+        }
+    }
+
     #[test]
-    fn readme_table_matches_the_code() {
-        let readme = include_str!("../../README.md");
+    fn config_doc_has_every_variable_with_its_default() {
+        let doc = include_str!("../../docs/CONFIG.md");
         for v in VARIABLES {
-            let row = readme
-                .lines()
-                .find(|l| l.starts_with(&format!("| `{}`", v.name)))
-                .unwrap_or_else(|| panic!("README has no table row for {}", v.name));
-            let default = if v.default.is_empty() { "(unset)".to_string() } else { format!("`{}`", v.default) };
-            assert!(
-                row.contains(&default),
-                "README row for {} does not give the default `{}`: {row}",
+            let cells = table_row(doc, v.name).unwrap_or_else(|| panic!("docs/CONFIG.md has no table row for {}", v.name));
+            assert_eq!(
+                cells.get(1).copied(),
+                Some(written_default(v).as_str()),
+                "docs/CONFIG.md's row for {} does not give the default `{}`",
                 v.name,
                 v.default
             );
+        }
+    }
+
+    #[test]
+    fn readme_rows_agree_with_the_code_and_the_config_doc() {
+        let readme = include_str!("../../README.md");
+        let doc = include_str!("../../docs/CONFIG.md");
+        let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `SOMA_")).collect();
+        assert!(!rows.is_empty(), "README.md has no table row of a SOMA_ variable");
+        for row in rows {
+            let name = row["| `".len()..].split('`').next().unwrap_or_default();
+            let v = VARIABLES
+                .iter()
+                .find(|v| v.name == name)
+                .unwrap_or_else(|| panic!("README.md has a row for {name}, which is not a variable"));
+            let cells = table_row(readme, name).unwrap();
+            assert_eq!(
+                cells.get(1).copied(),
+                Some(written_default(v).as_str()),
+                "README.md's row for {name} does not give the default `{}`",
+                v.default
+            );
+            let doc_cells = table_row(doc, name).unwrap_or_else(|| panic!("docs/CONFIG.md has no table row for {name}"));
+            assert_eq!(cells.get(1), doc_cells.get(1), "README.md and docs/CONFIG.md give {name} different defaults");
         }
     }
 }
