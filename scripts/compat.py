@@ -74,7 +74,7 @@ ROWS = [
 ]
 
 
-def run(argv, env, timeout=600):
+def run(argv, env, timeout=240):
     """(exit status, stdout, stderr) of one run."""
     full = {**os.environ, **env}
     try:

@@ -124,19 +124,27 @@ def _ipc_child(queue, answers):
 
 
 def ipc():
+    """The child answers the sum, or nothing: then the row's result says so
+    (a daemon child never keeps this process alive)."""
+    import queue as queues
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue, answers = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=_ipc_child, args=(queue, answers))
+    child = ctx.Process(target=_ipc_child, args=(queue, answers), daemon=True)
     child.start()
     steps = Steps()
     tensor = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
     steps.start()
     queue.put(tensor)
-    total = answers.get(timeout=120)
+    try:
+        outcome = [answers.get(timeout=60)]
+        child.join(timeout=60)
+        outcome.append(child.exitcode)
+    except queues.Empty:
+        outcome = ["no answer from the child in 60 s"]
+        child.terminate()
     steps.done()
-    child.join(timeout=120)
-    finish([total, child.exitcode], steps)
+    finish(outcome, steps)
 
 
 def _nccl_rank(rank, world, port, answers):
@@ -153,6 +161,7 @@ def _nccl_rank(rank, world, port, answers):
 
 
 def nccl():
+    import queue as queues
     import socket
     import torch.multiprocessing as mp
     world = torch.cuda.device_count()
@@ -163,14 +172,20 @@ def nccl():
     answers = ctx.Queue()
     steps = Steps()
     steps.start()
-    procs = [ctx.Process(target=_nccl_rank, args=(r, world, port, answers)) for r in range(world)]
+    procs = [ctx.Process(target=_nccl_rank, args=(r, world, port, answers), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
-    results = sorted(answers.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=120)
+    try:
+        results = sorted(answers.get(timeout=180) for _ in procs)
+        for p in procs:
+            p.join(timeout=60)
+        outcome = {"world": world, "sums": [s for _, s in results], "exit": [p.exitcode for p in procs]}
+    except queues.Empty:
+        outcome = {"world": world, "error": "a rank did not answer in 180 s"}
+        for p in procs:
+            p.terminate()
     steps.done()
-    finish({"world": world, "sums": [s for _, s in results], "exit": [p.exitcode for p in procs]}, steps)
+    finish(outcome, steps)
 
 
 PROGRAMS = {"train": train, "generate": generate, "compile": compile_, "graphs": graphs, "ipc": ipc, "nccl": nccl}
