@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::core::config::Config;
 use crate::core::device::pool::Device;
 use crate::core::locks::ReadMostly;
+use crate::core::output;
 use crate::core::pool_slots::PoolSlots;
 use crate::core::ptrmap::{Block, Memory, PointerMap};
 use crate::core::reclaimer::Reclaimer;
@@ -58,7 +59,7 @@ impl Allocator {
     /// file, if any (a file that cannot be written is logged and skipped).
     pub fn new(config: Config) -> Allocator {
         let trace = config.trace.as_deref().and_then(|path| {
-            Trace::create(path).map_err(|e| log::warn!("cannot write the trace to {path}: {e}; no trace is written")).ok()
+            Trace::create(path).map_err(|e| output::warn(format_args!("cannot write the trace to {path}: {e}; no trace is written"))).ok()
         });
         Allocator {
             config,
