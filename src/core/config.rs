@@ -12,6 +12,7 @@ use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Once;
 
+use super::edit_distance::edit_distance;
 use super::output;
 
 /// Which memory pool serves the shim's allocations.
@@ -565,21 +566,6 @@ fn misspelt(name: &OsStr) -> Option<&'static str> {
     let (edits, closest) =
         VARIABLES.iter().map(|v| (edit_distance(&name, v.name.as_bytes()), v.name)).min_by_key(|&(edits, _)| edits)?;
     (edits <= MISSPELLING_EDITS).then_some(closest)
-}
-
-/// Levenshtein distance: the fewest insertions, deletions and substitutions
-/// that turn `a` into `b`.
-fn edit_distance(a: &[u8], b: &[u8]) -> usize {
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    for (i, &ca) in a.iter().enumerate() {
-        let mut current = vec![i + 1];
-        for (j, &cb) in b.iter().enumerate() {
-            let substitution = previous[j] + usize::from(ca != cb);
-            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
-        }
-        previous = current;
-    }
-    previous[b.len()]
 }
 
 /// Only ASCII whitespace is trimmed: a Unicode space (a no-break space pasted

@@ -6,6 +6,7 @@
 pub mod allocator;
 pub mod config;
 pub mod device;
+pub mod edit_distance;
 pub mod locks;
 #[cfg(test)]
 mod model;
