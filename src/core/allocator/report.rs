@@ -94,7 +94,7 @@ impl Allocator {
                     })
                 });
                 if let Err(e) = written {
-                    eprintln!("somashim: cannot write statistics to {path}: {e}; they follow on stderr");
+                    output::warn(format_args!("cannot write statistics to {path}: {e}; they follow on stderr"));
                     eprint!("{table}");
                 }
             }
