@@ -181,6 +181,19 @@ next_key() {
   KEY=r$n
 }
 
+# checked NAME PROBLEM...: PASS if no problem is given, else FAIL with them.
+checked() {
+  local name=$1
+  shift
+  if [ $# -eq 0 ]; then
+    pass "$name"
+  else
+    next_key
+    printf '%s\n' "$@" >"$RUNS/$KEY.why"
+    fail "$name" "$RUNS/$KEY.why"
+  fi
+}
+
 # compare NAME TEST [VAR=VALUE...]: native and shim runs pass and agree.
 compare() {
   local name=$1 test=$2
@@ -467,19 +480,6 @@ if wanted "stats table"; then
     sed 's/^/    /' "$RUNS/callers-listed.stats" "$RUNS/callers-other.stats" 2>/dev/null | head -n 30
   fi
 fi
-
-# checked NAME PROBLEM...: PASS if no problem is given, else FAIL with them.
-checked() {
-  local name=$1
-  shift
-  if [ $# -eq 0 ]; then
-    pass "$name"
-  else
-    next_key
-    printf '%s\n' "$@" >"$RUNS/$KEY.why"
-    fail "$name" "$RUNS/$KEY.why"
-  fi
-}
 
 # CUDA IPC of pool memory between two shims (ipc.c), under the shim only: the
 # double has no legacy IPC to compare with. The runtime reaches the driver by
