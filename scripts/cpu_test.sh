@@ -24,7 +24,8 @@ if [ $# -ne 2 ]; then
 fi
 SHIM=$(realpath -m "$1") # relative to where the script was started
 INC=$(realpath -m "$2")
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# Physical (-P): the shim refuses output paths with a symbolic link in them.
+ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
 cd "$ROOT" || exit 2
 CC=${CC:-gcc}
 TMO=${CPUTEST_TIMEOUT:-120}
@@ -178,6 +179,19 @@ n=0
 next_key() {
   n=$((n + 1))
   KEY=r$n
+}
+
+# checked NAME PROBLEM...: PASS if no problem is given, else FAIL with them.
+checked() {
+  local name=$1
+  shift
+  if [ $# -eq 0 ]; then
+    pass "$name"
+  else
+    next_key
+    printf '%s\n' "$@" >"$RUNS/$KEY.why"
+    fail "$name" "$RUNS/$KEY.why"
+  fi
 }
 
 # compare NAME TEST [VAR=VALUE...]: native and shim runs pass and agree.
@@ -467,19 +481,6 @@ if wanted "stats table"; then
   fi
 fi
 
-# checked NAME PROBLEM...: PASS if no problem is given, else FAIL with them.
-checked() {
-  local name=$1
-  shift
-  if [ $# -eq 0 ]; then
-    pass "$name"
-  else
-    next_key
-    printf '%s\n' "$@" >"$RUNS/$KEY.why"
-    fail "$name" "$RUNS/$KEY.why"
-  fi
-}
-
 # CUDA IPC of pool memory between two shims (ipc.c), under the shim only: the
 # double has no legacy IPC to compare with. The runtime reaches the driver by
 # its exports and, as real runtimes do, through cuGetProcAddress.
@@ -564,19 +565,49 @@ OUTS=$B/outputs
 rm -rf "$OUTS" && mkdir -p "$OUTS"
 echo keep >"$OUTS/trace-target"
 ln -s trace-target "$OUTS/trace-link"
-refused_output "SOMA_TRACE: a symbolic link is not followed" SOMA_TRACE "$OUTS/trace-link" "symbolic link" \
+# The shim's own words, which no errno text ("Too many levels of symbolic links") has.
+LINK_REFUSED="it is a symbolic link, which is not followed"
+refused_output "SOMA_TRACE: a symbolic link is not followed" SOMA_TRACE "$OUTS/trace-link" "$LINK_REFUSED" \
   '[ "$(cat "$OUTS/trace-target")" = keep ]'
 ln -s absent "$OUTS/dangling"
-refused_output "SOMA_TRACE: a dangling symbolic link creates nothing" SOMA_TRACE "$OUTS/dangling" "symbolic link" \
+refused_output "SOMA_TRACE: a dangling symbolic link creates nothing" SOMA_TRACE "$OUTS/dangling" "$LINK_REFUSED" \
   '[ ! -e "$OUTS/absent" ]'
 mkfifo "$OUTS/fifo"
 refused_output "SOMA_TRACE: a FIFO does not block, it is refused" SOMA_TRACE "$OUTS/fifo" "not a regular file" true
 echo keep >"$OUTS/stats-target"
 ln -s stats-target "$OUTS/stats-link"
 refused_output "SOMA_STATS: a symbolic link is not followed, the table goes to stderr" SOMA_STATS "$OUTS/stats-link" \
-  "symbolic link" '[ "$(cat "$OUTS/stats-target")" = keep ] && grep -q "^somashim statistics" "$RUNS/$KEY.err"'
+  "$LINK_REFUSED" '[ "$(cat "$OUTS/stats-target")" = keep ] && grep -q "^somashim statistics" "$RUNS/$KEY.err"'
 refused_output "SOMA_STATS=/dev/full: not a regular file, the table goes to stderr" SOMA_STATS /dev/full \
   "not a regular file" 'grep -q "^somashim statistics" "$RUNS/$KEY.err"'
+# What another user may plant: a symbolic link to a directory of the user's
+# earlier in the path, a hard link to a file of the user's, a file of their
+# own (which would stay readable to them); and a device.
+mkdir "$OUTS/real"
+echo keep >"$OUTS/real/victim"
+ln -s real "$OUTS/dir-link"
+DIR_LINK_REFUSED="a directory on its path is a symbolic link, which is not followed"
+refused_output "SOMA_STATS: a symbolic link to a directory on the path is not followed" SOMA_STATS \
+  "$OUTS/dir-link/victim" "$DIR_LINK_REFUSED" \
+  '[ "$(cat "$OUTS/real/victim")" = keep ] && grep -q "^somashim statistics" "$RUNS/$KEY.err"'
+refused_output "SOMA_TRACE: nothing is created through a symbolic link to a directory" SOMA_TRACE \
+  "$OUTS/dir-link/new.csv" "$DIR_LINK_REFUSED" '[ ! -e "$OUTS/real/new.csv" ]'
+echo keep >"$OUTS/linked"
+ln "$OUTS/linked" "$OUTS/hard-link"
+refused_output "SOMA_TRACE: a file with another hard link is refused untouched" SOMA_TRACE "$OUTS/hard-link" \
+  "it has 2 hard links" '[ "$(cat "$OUTS/linked")" = keep ]'
+if [ "$(id -u)" = 0 ]; then
+  echo keep >"$OUTS/others"
+  chown 65534 "$OUTS/others"
+  refused_output "SOMA_STATS: a file of another user is refused untouched, the table goes to stderr" SOMA_STATS \
+    "$OUTS/others" "it belongs to another user (uid 65534)" \
+    '[ "$(cat "$OUTS/others")" = keep ] && [ "$(stat -c %u "$OUTS/others")" = 65534 ] && grep -q "^somashim statistics" "$RUNS/$KEY.err"'
+elif wanted "SOMA_STATS: a file of another user"; then
+  echo "SKIP SOMA_STATS: a file of another user is refused (giving a file to uid 65534 needs root)"
+fi
+refused_output "SOMA_TRACE=/dev/null: not a regular file" SOMA_TRACE /dev/null "it is not a regular file" '[ -c /dev/null ]'
+refused_output "SOMA_STATS=/dev/null: not a regular file, the table goes to stderr" SOMA_STATS /dev/null \
+  "it is not a regular file" '[ -c /dev/null ] && grep -q "^somashim statistics" "$RUNS/$KEY.err"'
 if wanted "output files are created mode 0600"; then
   next_key
   run shim "$KEY" "$BIN/callers" "SOMA_TRACE=$OUTS/new.csv" "SOMA_STATS=$OUTS/new.stats"

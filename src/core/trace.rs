@@ -204,7 +204,9 @@ mod tests {
     use super::*;
 
     fn temp_path(name: &str) -> String {
-        let path = std::env::temp_dir().join(format!("somashim-trace-{name}-{}.csv", std::process::id()));
+        // Canonical: a symbolic link in `TMPDIR` would be refused.
+        let dir = std::env::temp_dir().canonicalize().unwrap();
+        let path = dir.join(format!("somashim-trace-{name}-{}.csv", std::process::id()));
         path.to_str().unwrap().to_string()
     }
 

@@ -56,10 +56,11 @@ pub struct Allocator {
 
 impl Allocator {
     /// An allocator with no device seen yet. `config.trace` names the trace
-    /// file, if any (a file that cannot be written is logged and skipped).
+    /// file, if any (a file that cannot be written is warned of and skipped).
     pub fn new(config: Config) -> Allocator {
         let trace = config.trace.as_deref().and_then(|path| {
-            Trace::create(path).map_err(|e| output::warn(format_args!("cannot write the trace to {path}: {e}; no trace is written"))).ok()
+            let warn = |e| output::warn(format_args!("cannot write the trace to {path}: {e}; no trace is written"));
+            Trace::create(path).map_err(warn).ok()
         });
         Allocator {
             config,
