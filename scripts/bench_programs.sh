@@ -246,7 +246,7 @@ scenario() {
     [[ $e == LD_PRELOAD=* ]] && shimmed=1
     [[ $e == SOMA_STATS=* ]] && stats=1
   done
-  [ "$shimmed" = 1 ] && [ "$stats" = 0 ] && envs+=("SOMA_STATS=$PWD/$f.stats")
+  [ "$shimmed" = 1 ] && [ "$stats" = 0 ] && envs+=("SOMA_STATS=$(pwd -P)/$f.stats")
   echo "== [$N] $name (round $ROUND of $REPS): ${envs[*]} $*"
   local start=$SECONDS rc
   if [ "$shimmed" = 1 ] && [ -z "$SHIM" ]; then

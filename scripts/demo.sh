@@ -33,7 +33,7 @@ demo_on_test_double() {
     exit 1
   fi
   SHIM=$(readlink -f "$SHIM_ARG")
-  ROOT=$PWD
+  ROOT=$(pwd -P)
   INC=$ROOT/build/cuda/nvidia/cu13/include
   CC=${CC:-gcc}
   if [ ! -f "$INC/cuda_runtime_api.h" ]; then

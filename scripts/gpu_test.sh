@@ -32,7 +32,7 @@ set -uo pipefail
 # A relative shim path is taken from the caller's directory.
 [ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
 cd "$(dirname "$0")/.." || exit 2
-ROOT=$PWD
+ROOT=$(pwd -P) # output files are refused on a path through a symbolic link
 
 if [ $# -lt 1 ] || [ -z "$1" ]; then
   echo "usage: $0 path/to/libsomashim.so" >&2
