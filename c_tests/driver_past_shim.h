@@ -33,12 +33,16 @@ static int driver_symbol_visit(struct dl_phdr_info *info, size_t size, void *arg
   if (!file || file == MAP_FAILED) return 0;
   const Elf64_Ehdr *eh = (const Elf64_Ehdr *)file;
   const Elf64_Shdr *sh = (const Elf64_Shdr *)(file + eh->e_shoff);
-  for (int i = 0; i < eh->e_shnum && !want->found; i++) {
-    if (sh[i].sh_type != SHT_DYNSYM) continue;
+  int valid = (size_t)st.st_size >= sizeof *eh && memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 &&
+              eh->e_ident[EI_CLASS] == ELFCLASS64 && eh->e_shentsize == sizeof *sh &&
+              eh->e_shoff + (size_t)eh->e_shnum * sizeof *sh <= (size_t)st.st_size;
+  for (int i = 0; valid && i < eh->e_shnum && !want->found; i++) {
+    if (sh[i].sh_type != SHT_DYNSYM || sh[i].sh_offset + sh[i].sh_size > (size_t)st.st_size) continue;
     const Elf64_Sym *sym = (const Elf64_Sym *)(file + sh[i].sh_offset);
     const char *names = (const char *)(file + sh[sh[i].sh_link].sh_offset);
     for (size_t k = 0; k < sh[i].sh_size / sizeof *sym && !want->found; k++)
-      if (sym[k].st_value && strcmp(names + sym[k].st_name, want->name) == 0)
+      if (sym[k].st_shndx != SHN_UNDEF && ELF64_ST_TYPE(sym[k].st_info) == STT_FUNC &&
+          strcmp(names + sym[k].st_name, want->name) == 0)
         want->found = (void *)(info->dlpi_addr + sym[k].st_value);
   }
   munmap((void *)file, st.st_size);

@@ -17,10 +17,12 @@ listed as skipped).
 import argparse
 import datetime
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,8 +57,9 @@ ROWS = [
     torch_row("transformers GPT-2 generation, caching off", "generate", NO_CACHING, own_env={}),
     torch_row("torch.compile (Inductor), caching off", "compile", NO_CACHING, own_env={}),
     torch_row("torch.cuda.graphs, caching allocator", "graphs"),
+    # With its caching allocator off, PyTorch does not share CUDA tensors at all
+    # (`make gpu-test`'s torch_ipc@caching_off checks that the shim changes nothing there).
     torch_row("torch.multiprocessing CUDA tensor, caching allocator", "ipc"),
-    torch_row("torch.multiprocessing CUDA tensor, caching off", "ipc", NO_CACHING),
     torch_row("NCCL all-reduce (torch.distributed), caching off", "nccl", {**NO_CACHING, **NCCL_SAFE}),
     Row("JAX, BFC allocator (default)", ["jax_rows.py", "train"], needs="jax"),
     Row("JAX, XLA_PYTHON_CLIENT_ALLOCATOR=platform", ["jax_rows.py", "train"],
@@ -75,13 +78,17 @@ ROWS = [
 
 
 def run(argv, env, timeout=240):
-    """(exit status, stdout, stderr) of one run."""
-    full = {**os.environ, **env}
+    """(exit status, stdout, stderr) of one run. A run past `timeout` is
+    killed with every process it started (spawned workers hold the GPU)."""
+    p = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=ROOT, start_new_session=True)
     try:
-        p = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        return p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as e:
-        return 124, e.stdout or "", (e.stderr or "") + f"\ntimed out after {timeout} s"
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        return 124, out, err + f"\ntimed out after {timeout} s"
 
 
 def result_of(stdout):
@@ -104,13 +111,11 @@ class Sanitized:
         nvcc = subprocess.run(["sh", "-c", "command -v nvcc && command -v compute-sanitizer"], capture_output=True)
         if nvcc.returncode != 0:
             return False
-        if not os.path.exists(self.binary):
-            build = subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", "shared", "-o", self.binary,
-                                    os.path.join(ROOT, "c_tests/demo/legacy_loop.cu")], capture_output=True, text=True)
-            if build.returncode != 0:
-                print(build.stderr, file=sys.stderr)
-                return False
-        return True
+        build = subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", "shared", "-o", self.binary,
+                                os.path.join(ROOT, "c_tests/demo/legacy_loop.cu")], capture_output=True, text=True)
+        if build.returncode != 0:
+            print(build.stderr, file=sys.stderr)
+        return build.returncode == 0
 
     def run(self, preload):
         target = ["env", f"LD_PRELOAD={self.shim}", self.binary, "2000"] if preload else [self.binary, "2000"]
@@ -120,14 +125,24 @@ class Sanitized:
 
 
 def versions():
-    probe = ("import importlib, sys\nfor m in ('torch', 'transformers', 'jax', 'jaxlib', 'cupy', 'triton'):\n"
-             "    try: print(m, importlib.import_module(m).__version__)\n"
-             "    except Exception: print(m, '-')\n")
-    rc, out, _ = run([sys.executable, "-c", probe], {}, timeout=300)
-    found = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True)
-    return found, smi.stdout.strip().replace("\n", "; ")
+    """The installed frameworks' versions (their package metadata: nothing is imported)."""
+    distributions = {"torch": ["torch"], "transformers": ["transformers"], "jax": ["jax"], "jaxlib": ["jaxlib"],
+                     "cupy": ["cupy-cuda13x", "cupy-cuda12x", "cupy"], "triton": ["triton"]}
+    found = {}
+    for name, candidates in distributions.items():
+        found[name] = "-"
+        for candidate in candidates:
+            try:
+                found[name] = importlib.metadata.version(candidate)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                pass
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().replace("\n", "; ")
+    except OSError:
+        smi = "no nvidia-smi (no GPU)"
+    return found, smi
 
 
 def ratio(a, b):
@@ -149,8 +164,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     found, machine = versions()
     sanitized = Sanitized(shim, args.out)
+    wanted = [row for row in ROWS if re.search(args.only, row.name)]
     have = {m: found.get(m, "-") != "-" for m in ("torch", "transformers", "jax", "cupy")}
-    have["compute-sanitizer"] = sanitized.available()
+    have["compute-sanitizer"] = any(row.needs == "compute-sanitizer" for row in wanted) and sanitized.available()
 
     def one(program, env, preload, tag):
         if program == ["sanitizer"]:
@@ -163,19 +179,30 @@ def main():
             log.write(f"=== rc={rc}\n{text}\n")
         return rc, res
 
+    done = {}
+
     def rounds(program, env, preload, tag):
-        outcomes = [one(program, env, preload, tag) for _ in range(args.rounds)]
-        rc = next((rc for rc, _ in outcomes if rc != 0), 0)
-        results = [res for _, res in outcomes if res]
-        if rc != 0 or not results:
-            return rc or 1, None, None, None
-        times = [r["ms"] for r in results if r["ms"] is not None]
-        mibs = [r["mib"] for r in results if r["mib"] is not None]
-        return rc, results[0]["result"], statistics.median(times) if times else None, max(mibs) if mibs else None
+        """(exit status, result, median ms, most MiB) of args.rounds runs; a
+        run another row already made is not made again."""
+        key = (tuple(program), tuple(sorted(env.items())), preload)
+        if key not in done:
+            outcomes = [one(program, env, preload, tag) for _ in range(args.rounds)]
+            rc = next((rc for rc, _ in outcomes if rc != 0), 0)
+            results = [res for _, res in outcomes if res]
+            if rc != 0 or len(results) != len(outcomes):
+                done[key] = (rc or 1, None, None, None)
+            elif any(r["result"] != results[0]["result"] for r in results):
+                done[key] = (3, "rounds differ: " + json.dumps([r["result"] for r in results])[:200], None, None)
+            else:
+                times = [r["ms"] for r in results if r["ms"] is not None]
+                mibs = [r["mib"] for r in results if r["mib"] is not None]
+                done[key] = (0, results[0]["result"], statistics.median(times) if times else None,
+                             max(mibs) if mibs else None)
+        return done[key]
 
     table, failures = [], 0
     for index, row in enumerate(ROWS):
-        if args.only and not re.search(args.only, row.name):
+        if row not in wanted:
             continue
         if not have.get(row.needs, False):
             table.append((row.name, "not installed", "", "skipped", "", "", "", "", "", ""))

@@ -461,11 +461,6 @@ driver_entry_points! {
         guarded(|| unsafe { front::pointer_queries::get_attributes(count, attributes, data, ptr, real) }, real)
     }
 
-    pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64) -> u32 {
-        let real = || unsafe { cu::cuMemGetAddressRange_v2(base, size, ptr) };
-        guarded(|| unsafe { front::pointer_queries::get_address_range(base, size, ptr, real) }, real)
-    }
-
     pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, function: *mut Handle, version: c_int, flags: u64) -> u32 {
         let real = || unsafe { cu::cuGetProcAddress(symbol, function, version, flags) };
         let lookup = || unsafe { front::driver_door::get_proc_address(symbol, function, &SERVED, real, passes_unseen) };

@@ -3,8 +3,8 @@
  * (a list) give the context, legacy-IPC capability, range, handle types and
  * pool handle of cudaMalloc memory, not of the pool allocation behind it, at
  * the start and inside; cuMemGetAddressRange gives the block itself; a
- * pointer the shim did not hand out (the program's own cudaMallocAsync) keeps
- * the driver's answer. */
+ * pointer the shim did not hand out (the program's own cudaMallocAsync, a
+ * stack address) keeps the driver's answer. */
 #include "common.h"
 
 static const struct { CUpointer_attribute a; const char *name; } kAttrs[] = {
@@ -44,7 +44,6 @@ static void queries(const char *label, void *p, size_t size, CUcontext primary) 
     uint64_t data[NATTRS];
     void *slots[NATTRS];
     for (int i = 0; i < NATTRS; i++) list[i] = kAttrs[i].a, data[i] = 0, slots[i] = &data[i];
-    slots[1] = NULL; /* a slot left out is not written */
     CHECK_EQ(cuPointerGetAttributes(NATTRS, list, slots, base + off), CUDA_SUCCESS);
     for (int i = 0; i < NATTRS; i++) show(kAttrs[i].name, i, data[i], base, primary);
     CUdeviceptr start = 0;
@@ -69,6 +68,14 @@ int main(void) {
     queries(label, p, sizes[i], primary);
     CHECK_CUDA(cudaFree(p));
   }
+  /* A pointer CUDA does not know: an error alone, defaults in a list. */
+  int local = 0;
+  uint64_t v = 1;
+  printf("stack address: rc %d", (int)cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)&local));
+  CUpointer_attribute context = CU_POINTER_ATTRIBUTE_CONTEXT;
+  void *slot = &v;
+  printf(", list rc %d context %llu\n", (int)cuPointerGetAttributes(1, &context, &slot, (CUdeviceptr)(uintptr_t)&local),
+         (unsigned long long)v);
   /* The program's own stream-ordered memory is pool memory natively too. */
   void *own = NULL;
   CHECK_CUDA(cudaMallocAsync(&own, 4096, 0));

@@ -1760,15 +1760,22 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
   RET(attribute_of(a, attribute, data));
 }
 
+/* As documented: no error for a pointer CUDA does not know, or an attribute
+ * it cannot answer for it; those get zero (NULL, false). */
 CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr) {
   NEED_INIT();
   if (!attributes || !data) return CUDA_ERROR_INVALID_VALUE;
   LOCK();
   struct alloc *a = find_containing((uintptr_t)ptr);
   for (unsigned i = 0; i < count; i++) {
-    if (!data[i]) continue;
-    CUresult r = a ? attribute_of(a, attributes[i], data[i]) : CUDA_ERROR_INVALID_VALUE;
-    if (r != CUDA_SUCCESS) RET(r);
+    if (!data[i]) RET(CUDA_ERROR_INVALID_VALUE);
+    uint64_t value = 0;
+    if (a) attribute_of(a, attributes[i], &value);
+    memcpy(data[i], &value, attributes[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE ||
+                                    attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL ||
+                                    attributes[i] == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+                                ? sizeof(int)
+                                : sizeof value);
   }
   RET(CUDA_SUCCESS);
 }

@@ -10,7 +10,8 @@
  * does with pinned scalars); graph memset and memcpy nodes; prefetch and
  * advise; registering an overlapping host range; retaining the allocation
  * handle; a second context of the same device; buffer ids after a free and
- * a new allocation. Every answer is printed normalized (codes, sizes,
+ * a new allocation (with a non-blocking stream alive, so the block is not
+ * kept in the shim's cache of the legacy stream: docs/CONTRACT.md). Every answer is printed normalized (codes, sizes,
  * pointers relative to the allocation), so a native and a shim run must print
  * the same lines. */
 #include "host_alloc.h"
@@ -352,8 +353,8 @@ static void operations(const char *what, void *p, int host, size_t n, cudaStream
                                      &c3, g_primary);
   CUgraphExec exec = NULL;
   CUresult ri = cuGraphInstantiate(&exec, g, 0);
+  memset(pageable, 0, m); /* before the launch: the graph's copy writes it */
   CUresult rl = ri == CUDA_SUCCESS ? cuGraphLaunch(exec, (CUstream)streams[kNonBlocking]) : ri;
-  memset(pageable, 0, m);
   CUresult rw = rl == CUDA_SUCCESS ? cuStreamSynchronize((CUstream)streams[kNonBlocking]) : rl;
   printf("%s: graph memset node rc=%d, memcpy node (p as DEVICE) rc=%d, instantiate rc=%d, launch rc=%d, sync rc=%d, "
          "byte 0x%x\n",

@@ -8,6 +8,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 
@@ -50,6 +51,10 @@ class Steps:
         return statistics.median(self.ms) if self.ms else None
 
 
-def finish(result, steps, mib=None):
+def finish(result, steps, mib=None, failed=False):
+    """Prints the RESULT line; `failed`: the program could not do its work,
+    so it exits 1 (a failure both runs share must not read as identical)."""
     print("RESULT " + json.dumps({"result": result, "ms": steps.median(), "mib": mib if mib is not None else device_mib()}),
           flush=True)
+    if failed:
+        sys.exit(1)

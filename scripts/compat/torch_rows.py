@@ -27,6 +27,8 @@ def deterministic():
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
+    # Memory-efficient attention's backward is not deterministic; the math path is.
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
@@ -118,14 +120,15 @@ def graphs():
 
 
 def _ipc_child(queue, answers):
+    answers.put("ready")
     tensor = queue.get()
     answers.put(float(tensor.double().sum().item()))
     del tensor
 
 
 def ipc():
-    """The child answers the sum, or nothing: then the row's result says so
-    (a daemon child never keeps this process alive)."""
+    """The time from sending the tensor to the child's answer; a child that
+    gives no answer fails the program (a daemon child never keeps it alive)."""
     import queue as queues
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
@@ -134,16 +137,17 @@ def ipc():
     child.start()
     steps = Steps()
     tensor = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
-    steps.start()
-    queue.put(tensor)
     try:
+        answers.get(timeout=120)  # the child has started
+        steps.start()
+        queue.put(tensor)
         outcome = [answers.get(timeout=60)]
+        steps.done()
         child.join(timeout=60)
         outcome.append(child.exitcode)
     except queues.Empty:
-        outcome = ["no answer from the child in 60 s"]
-        child.terminate()
-    steps.done()
+        child.kill()
+        finish(["no answer from the child"], steps, failed=True)
     finish(outcome, steps)
 
 
@@ -181,11 +185,11 @@ def nccl():
             p.join(timeout=60)
         outcome = {"world": world, "sums": [s for _, s in results], "exit": [p.exitcode for p in procs]}
     except queues.Empty:
-        outcome = {"world": world, "error": "a rank did not answer in 180 s"}
         for p in procs:
-            p.terminate()
+            p.kill()
+        finish({"world": world, "error": "a rank did not answer in 180 s"}, steps, failed=True)
     steps.done()
-    finish(outcome, steps)
+    finish(outcome, steps, failed=any(code != 0 for code in outcome["exit"]))
 
 
 PROGRAMS = {"train": train, "generate": generate, "compile": compile_, "graphs": graphs, "ipc": ipc, "nccl": nccl}

@@ -1,21 +1,22 @@
-//! Pointer queries (`cuPointerGetAttribute`, `cuPointerGetAttributes`,
-//! `cuMemGetAddressRange`, and the runtime's `cudaPointerGetAttributes`,
-//! which reaches them) on memory the shim handed out answer as for the real
-//! allocation.
+//! Pointer queries (`cuPointerGetAttribute`, `cuPointerGetAttributes`, and
+//! the runtime's `cudaPointerGetAttributes`, which reaches them) on memory the
+//! shim handed out answer as for the real allocation.
 //!
 //! The driver answers for the pool allocation behind a block. Measured on an
-//! H100 (c_tests/gpu/pointer_ops.cu), a pool allocation differs from a
-//! `cudaMalloc` one in the attributes [`answer`] names: it has no context,
-//! names its pool and the pool's handle types, and is not legacy-IPC capable
-//! (the shim serves `cudaIpcGetMemHandle` on it). Every other attribute, and
-//! every pointer that is not a live block of the shim's, keeps the driver's
-//! answer. What cannot be answered exactly is listed in docs/CONTRACT.md.
+//! H100 (c_tests/gpu/pointer_ops.cu, docs/FACTS.md), a pool allocation differs
+//! from a `cudaMalloc` one in the attributes [`answer`] names: it has no
+//! context, names its pool and the pool's handle types, and is not legacy-IPC
+//! capable (the shim serves `cudaIpcGetMemHandle` on it where its pool can be
+//! shared); pinned memory of a host pool also has no range start. Every other
+//! attribute (and `cuMemGetAddressRange`, measured alike), and every pointer
+//! that is not a live block of the shim's, keeps the driver's answer. What
+//! cannot be answered exactly is listed in docs/CONTRACT.md.
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::core::ptrmap::Block;
-use crate::cuda::gpu::Context;
+use crate::core::allocator::state::Allocator;
 use crate::cuda::driver;
+use crate::cuda::gpu::Context;
 use crate::cuda::real::SUCCESS;
 
 use super::process::allocator_if_made;
@@ -24,29 +25,36 @@ use super::process::allocator_if_made;
 const CONTEXT: c_int = 1;
 const IS_LEGACY_CUDA_IPC_CAPABLE: c_int = 10;
 const RANGE_START_ADDR: c_int = 11;
-const RANGE_SIZE: c_int = 12;
 const ALLOWED_HANDLE_TYPES: c_int = 14;
 const MEMPOOL_HANDLE: c_int = 17;
 
 /// What the real allocation answers where a pool allocation answers otherwise.
 #[derive(Debug, PartialEq, Eq)]
 enum Answer {
-    /// A pointer or size (8 bytes).
+    /// A pointer (8 bytes).
     Word(u64),
-    /// A boolean or a bit mask of handle types: the driver wrote it in the
-    /// caller's width (an `int`, or a `bool`); its low byte holds every bit
-    /// that can be set, so writing that byte alone fits any width.
+    /// A boolean or a mask of handle types, which the driver writes as an
+    /// `int` or wider: every bit that can be set is in its low byte (little
+    /// endian), so writing that byte alone changes no byte the driver did not write.
     LowByte(u8),
 }
 
-/// The real allocation's answer to `attribute` for `block`, which starts at
-/// `base` and belongs to `context`, where it differs from the pool's.
-fn answer(attribute: c_int, base: u64, block: &Block, context: Option<Context>) -> Option<Answer> {
+/// A live block of the shim's, as a query needs it.
+struct Found {
+    base: u64,
+    /// The primary context of the block's device (`None` if not known).
+    context: Option<Context>,
+    /// The shim serves `cudaIpcGetMemHandle` on it: its pool can be shared.
+    ipc_capable: bool,
+}
+
+/// The real allocation's answer to `attribute` for `found`, where it differs
+/// from the pool's.
+fn answer(attribute: c_int, found: &Found) -> Option<Answer> {
     match attribute {
-        CONTEXT => context.map(|context| Answer::Word(context.0 as u64)),
-        IS_LEGACY_CUDA_IPC_CAPABLE if !block.memory.is_host() => Some(Answer::LowByte(1)),
-        RANGE_START_ADDR => Some(Answer::Word(base)),
-        RANGE_SIZE => Some(Answer::Word(block.size)),
+        CONTEXT => found.context.map(|context| Answer::Word(context.0 as u64)),
+        IS_LEGACY_CUDA_IPC_CAPABLE if found.ipc_capable => Some(Answer::LowByte(1)),
+        RANGE_START_ADDR => Some(Answer::Word(found.base)),
         ALLOWED_HANDLE_TYPES => Some(Answer::LowByte(0)),
         MEMPOOL_HANDLE => Some(Answer::Word(0)),
         _ => None,
@@ -54,24 +62,24 @@ fn answer(attribute: c_int, base: u64, block: &Block, context: Option<Context>) 
 }
 
 fn patched(attribute: c_int) -> bool {
-    matches!(attribute, CONTEXT | IS_LEGACY_CUDA_IPC_CAPABLE | RANGE_START_ADDR | RANGE_SIZE | ALLOWED_HANDLE_TYPES | MEMPOOL_HANDLE)
+    matches!(attribute, CONTEXT | IS_LEGACY_CUDA_IPC_CAPABLE | RANGE_START_ADDR | ALLOWED_HANDLE_TYPES | MEMPOOL_HANDLE)
 }
 
-/// The live block of the shim's holding `ptr`: its start and itself. The
-/// driver finds the pool allocation (a block is one), the map says whose.
-fn shim_block(ptr: u64) -> Option<(u64, Block, Option<Context>)> {
-    let allocator = allocator_if_made()?;
+/// The live block of the shim's holding `ptr`. The driver finds the pool
+/// allocation (a block is one, for pinned memory too), the map says whose.
+fn shim_block(allocator: &Allocator, ptr: u64) -> Option<Found> {
     let base = driver::loaded()?.allocation_base(ptr).ok()?;
     let block = allocator.live_block(base)?;
-    Some((base, block, allocator.context_of(base)))
+    let ipc_capable = !block.memory.is_host() && allocator.shareable_pool(block.device, block.size).is_some();
+    Some(Found { base, context: allocator.device_context(block.device), ipc_capable })
 }
 
-/// SAFETY: `data` is what the caller passed for `attribute`, written by the
-/// real call just now, so it is valid for the attribute's width.
+/// SAFETY: `data` is what the caller passed for the answered attribute,
+/// written by the real call just now, so it holds at least the answer's width.
 unsafe fn write(data: *mut c_void, answer: Answer) {
     match answer {
-        // SAFETY: pointer- and size-valued attributes are 8 bytes; the caller's
-        // buffer need not be aligned.
+        // SAFETY: pointer-valued attributes are 8 bytes; the caller's buffer
+        // need not be aligned.
         Answer::Word(value) => unsafe { data.cast::<u64>().write_unaligned(value) },
         // SAFETY: every attribute is at least one byte wide.
         Answer::LowByte(value) => unsafe { data.cast::<u8>().write(value) },
@@ -85,11 +93,10 @@ pub unsafe fn get_attribute(data: *mut c_void, attribute: c_int, ptr: u64, real:
     if rc != SUCCESS || !patched(attribute) {
         return rc;
     }
-    if let Some((base, block, context)) = shim_block(ptr) {
-        if let Some(answer) = answer(attribute, base, &block, context) {
-            // SAFETY: the real call succeeded on `data` for this attribute.
-            unsafe { write(data, answer) };
-        }
+    let answered = allocator_if_made().and_then(|allocator| answer(attribute, &shim_block(allocator, ptr)?));
+    if let Some(answer) = answered {
+        // SAFETY: the real call succeeded on `data` for this attribute.
+        unsafe { write(data, answer) };
     }
     rc
 }
@@ -114,34 +121,11 @@ pub unsafe fn get_attributes(
     if !attributes.iter().copied().any(patched) {
         return rc;
     }
-    if let Some((base, block, context)) = shim_block(ptr) {
+    if let Some(found) = allocator_if_made().and_then(|allocator| shim_block(allocator, ptr)) {
         for (&attribute, &slot) in attributes.iter().zip(data) {
-            if let (false, Some(answer)) = (slot.is_null(), answer(attribute, base, &block, context)) {
+            if let (false, Some(answer)) = (slot.is_null(), answer(attribute, &found)) {
                 // SAFETY: the real call succeeded, writing each non-null slot.
                 unsafe { write(slot, answer) };
-            }
-        }
-    }
-    rc
-}
-
-/// `cuMemGetAddressRange`: the block's own start and size (the pool
-/// allocation behind a block kept for reuse may be larger than the request
-/// it now serves).
-/// SAFETY: `base` and `size` are null or writable, as the C contract requires.
-pub unsafe fn get_address_range(base: *mut u64, size: *mut usize, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
-    let rc = real();
-    if rc != SUCCESS {
-        return rc;
-    }
-    if let Some((start, block, _)) = shim_block(ptr) {
-        // SAFETY: non-null out-pointers are writable by the C contract.
-        unsafe {
-            if !base.is_null() {
-                *base = start;
-            }
-            if !size.is_null() {
-                *size = block.size as usize;
             }
         }
     }
@@ -151,47 +135,48 @@ pub unsafe fn get_address_range(base: *mut u64, size: *mut usize, ptr: u64, real
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::ptrmap::Memory;
 
-    fn block(memory: Memory) -> Block {
-        Block { device: 0, size: 200, caller: 0, memory }
+    fn found(ipc_capable: bool) -> Found {
+        Found { base: 0x1000, context: Some(Context(0x1234 as *mut c_void)), ipc_capable }
     }
 
     #[test]
     fn a_device_block_answers_as_cuda_malloc_memory() {
-        let device = block(Memory::Device);
-        let context = Some(Context(0x1234 as *mut c_void));
-        assert_eq!(answer(CONTEXT, 0x1000, &device, context), Some(Answer::Word(0x1234)));
-        assert_eq!(answer(IS_LEGACY_CUDA_IPC_CAPABLE, 0x1000, &device, context), Some(Answer::LowByte(1)));
-        assert_eq!(answer(RANGE_START_ADDR, 0x1000, &device, context), Some(Answer::Word(0x1000)));
-        assert_eq!(answer(RANGE_SIZE, 0x1000, &device, context), Some(Answer::Word(200)));
-        assert_eq!(answer(ALLOWED_HANDLE_TYPES, 0x1000, &device, context), Some(Answer::LowByte(0)));
-        assert_eq!(answer(MEMPOOL_HANDLE, 0x1000, &device, context), Some(Answer::Word(0)));
+        let device = found(true);
+        assert_eq!(answer(CONTEXT, &device), Some(Answer::Word(0x1234)));
+        assert_eq!(answer(IS_LEGACY_CUDA_IPC_CAPABLE, &device), Some(Answer::LowByte(1)));
+        assert_eq!(answer(RANGE_START_ADDR, &device), Some(Answer::Word(0x1000)));
+        assert_eq!(answer(ALLOWED_HANDLE_TYPES, &device), Some(Answer::LowByte(0)));
+        assert_eq!(answer(MEMPOOL_HANDLE, &device), Some(Answer::Word(0)));
     }
 
     #[test]
     fn attributes_a_pool_answers_alike_keep_the_drivers_answer() {
-        let device = block(Memory::Device);
-        for attribute in [2, 3, 4, 7, 8, 9, 13, 15, 16, 18, 19, 20, 21] {
+        let device = found(true);
+        for attribute in [2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 15, 16, 18, 19, 20, 21] {
             assert!(!patched(attribute), "attribute {attribute}");
-            assert_eq!(answer(attribute, 0x1000, &device, None), None, "attribute {attribute}");
+            assert_eq!(answer(attribute, &device), None, "attribute {attribute}");
         }
     }
 
     #[test]
-    fn pinned_host_blocks_keep_the_drivers_legacy_ipc_answer() {
-        let host = block(Memory::Host { flags: 2 });
-        assert_eq!(answer(IS_LEGACY_CUDA_IPC_CAPABLE, 0x1000, &host, None), None);
-        assert_eq!(answer(RANGE_START_ADDR, 0x1000, &host, None), Some(Answer::Word(0x1000)));
+    fn a_block_the_shim_cannot_share_keeps_the_drivers_legacy_ipc_answer() {
+        // A pool that cannot be shared (SOMA_POOL=default), or pinned memory:
+        // cudaIpcGetMemHandle on it fails under the shim, so the driver's 0 stands.
+        let unshared = found(false);
+        assert_eq!(answer(IS_LEGACY_CUDA_IPC_CAPABLE, &unshared), None);
+        assert_eq!(answer(RANGE_START_ADDR, &unshared), Some(Answer::Word(0x1000)));
     }
 
     #[test]
     fn an_unknown_context_is_left_as_the_driver_gave_it() {
-        assert_eq!(answer(CONTEXT, 0x1000, &block(Memory::Device), None), None);
+        let mut device = found(true);
+        device.context = None;
+        assert_eq!(answer(CONTEXT, &device), None);
     }
 
     #[test]
-    fn a_low_byte_answer_fits_an_int_and_a_bool() {
+    fn a_low_byte_answer_sets_an_int_and_clears_a_mask() {
         let mut int: i32 = 0;
         // SAFETY: a local i32.
         unsafe { write((&mut int as *mut i32).cast(), Answer::LowByte(1)) };

@@ -99,8 +99,12 @@ impl Allocator {
 
     /// The context of the device whose pool holds the live block `ptr`.
     pub fn context_of(&self, ptr: u64) -> Option<Context> {
-        let device = self.live_block(ptr)?.device;
-        self.known_device(device).map(|d| d.context)
+        self.device_context(self.live_block(ptr)?.device)
+    }
+
+    /// The context of device `ordinal`'s pool, once the device is set up.
+    pub fn device_context(&self, ordinal: i32) -> Option<Context> {
+        self.known_device(ordinal).map(|d| d.context)
     }
 
     pub(super) fn known_device(&self, ordinal: i32) -> Option<Arc<Device>> {
