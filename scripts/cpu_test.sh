@@ -80,7 +80,7 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork pitch pinned ipc pointer_queries)
+  fork pitch pinned ipc ipc_server pointer_queries)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -509,6 +509,32 @@ open the handle of an exited exporter: 400'
     fail "$name" "$RUNS/$KEY.whyall"
   fi
 done
+
+# The exporter's IPC server against clients that stall, stay silent or flood
+# their lease, and importers of an exporter killed unreaped or with a forked
+# child alive (ipc_server.c, one case each; under the shim only).
+ipc_server_case() { # name case expected-stdout
+  local name="ipc server: $1"
+  wanted "$name" || return 0
+  next_key
+  run shim "$KEY" "$BIN/ipc_server" IPC_SERVER_CASE="$2"
+  if [ "$(rc_of "$KEY")" = 0 ] && [ "$(grep -v '^# ' "$RUNS/$KEY.out")" = "$3" ] && [ ! -s "$RUNS/$KEY.err" ]; then
+    pass "$name"
+  else
+    { explain "$KEY" shim >/dev/null; cat "$RUNS/$KEY.why"; echo "stdout:"; cat "$RUNS/$KEY.out"; } >"$RUNS/$KEY.whyall"
+    fail "$name" "$RUNS/$KEY.whyall"
+  fi
+}
+ipc_server_case "a client that stalls its request delays no other open" stalled 'an open answered at once while a client stalls: yes
+the stalled client cut off: yes'
+ipc_server_case "silent connections delay neither the exporter's fork nor its exit" silent "the exporter keeps at most 16 silent connections: yes
+the exporter's fork waits on no silent client: yes
+the exporter's exit waits on no silent client: yes"
+ipc_server_case "a lease that floods data is ended, cheaply" flood "a flooding lease ended by the exporter: yes
+the exporter's CPU time under 0.5 s: yes
+the block freed once the lease ended: yes"
+ipc_server_case "an exporter killed and not reaped: 400 at once" killed 'open the handle of a killed exporter not reaped yet: 400'
+ipc_server_case "an exporter killed with a forked child alive: 400 at once" forked 'open the handle of a killed exporter whose forked child lives: 400'
 
 # A forked child reports to files of its own (<path>.<pid>), with its own
 # header; no event is written by both processes. fork.c: the parent's blocks

@@ -20,9 +20,9 @@
 //! the shim's, and any shim handle the shim cannot open, goes to the real
 //! call, which refuses the shim's bytes as an invalid value.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_uint;
-use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::io::{IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::core::allocator::state::Allocator;
 use crate::core::shared_blocks::{IpcHandle, Secret};
@@ -49,12 +49,18 @@ const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 /// How long the importer waits for the exporter's answer (which includes
 /// the exporter's driver calls).
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long the server waits for a request, sent at once after connecting:
-/// short, since every other request and lease waits meanwhile.
+/// How long the server waits for a whole request from its connection's
+/// accept (an importer sends it at once after connecting).
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
-/// How long the server rests after a failed accept (out of descriptors,
-/// say), which leaves the listener readable: not a busy loop.
+/// The most connections the server keeps waiting for their request. An
+/// importer's comes with its connect and is answered at the accept: only a
+/// client that stalls waits, and beyond this the oldest is dropped.
+const MAX_PENDING: usize = 16;
+/// How long the server stops accepting after a failed accept (out of
+/// descriptors, say), which leaves the listener readable: not a busy loop.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long exit waits for the server thread to stop.
+const STOP_WAIT: Duration = Duration::from_millis(500);
 
 // ---- export -------------------------------------------------------------------
 
@@ -134,8 +140,9 @@ struct Server {
     pid: u32,
     endpoint: u64,
     path: PathBuf,
-    /// Written to stop the thread.
-    wake: OwnedFd,
+    /// Written to stop the thread (a socket: a write once the thread has
+    /// gone fails, where a pipe's would raise SIGPIPE).
+    wake: UnixStream,
     thread: JoinHandle<()>,
 }
 
@@ -183,35 +190,55 @@ fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
     }
 }
 
+/// Binds the socket and starts the thread. Every descriptor of the server
+/// is made close-on-exec as it is made (std's sockets, `accept4`), so that
+/// no child the program starts meanwhile inherits one.
 fn start_server(allocator: &'static Allocator, pid: u32) -> Result<Server, String> {
     let dir = socket_dir()?;
     let random = random_secret().ok_or("no random bytes from the kernel")?;
     let endpoint = u64::from_le_bytes(random[..8].try_into().unwrap_or_default());
     let path = socket_path(&dir, pid, endpoint);
     let listener = UnixListener::bind(&path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: pipe2 writes two descriptors to `fds`.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    match spawn_server(allocator, listener, pid, endpoint) {
+        Ok((wake, thread)) => {
+            log::debug!("CUDA IPC: serving on {}", path.display());
+            Ok(Server { pid, endpoint, path, wake, thread })
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            Err(e.to_string())
+        }
     }
-    // SAFETY: both descriptors are new and ours.
-    let (wake_read, wake) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let thread = std::thread::Builder::new()
-        .name("somashim-ipc".into())
-        .spawn(move || serve(allocator, listener, wake_read, pid, endpoint))
-        .map_err(|e| e.to_string())?;
-    log::debug!("CUDA IPC: serving on {}", path.display());
-    Ok(Server { pid, endpoint, path, wake, thread })
 }
 
-/// At exit: the server thread stops and its socket goes.
+/// The thread, serving `listener`, and the socket that stops it.
+fn spawn_server(allocator: &'static Allocator, listener: UnixListener, pid: u32, endpoint: u64) -> std::io::Result<(UnixStream, JoinHandle<()>)> {
+    listener.set_nonblocking(true)?;
+    let (wake, woken) = UnixStream::pair()?;
+    *lock(&SERVED) = Some(Served::new(pid, endpoint, listener, woken));
+    let spawned = std::thread::Builder::new().name("somashim-ipc".into()).spawn(move || serve(allocator, endpoint));
+    if spawned.is_err() {
+        *lock(&SERVED) = None;
+    }
+    Ok((wake, spawned?))
+}
+
+/// At exit: the socket goes (no importer reaches the server from then on)
+/// and the thread is told to stop. Exit waits for it a short while at most,
+/// so that a step's driver calls do not run on while the runtime tears
+/// down; never for a client, since the thread waits on none.
 pub fn stop_server() {
     let Some(mut server) = try_lock(&SERVER) else { return };
     let Some(running) = server.take_if(|s| s.pid == std::process::id()) else { return };
-    let _ = std::fs::File::from(running.wake).write_all(&[1]);
-    let _ = running.thread.join();
     let _ = std::fs::remove_file(&running.path);
+    let _ = send_all(&running.wake, &[1]);
+    let deadline = Instant::now() + STOP_WAIT;
+    while !running.thread.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if running.thread.is_finished() {
+        let _ = running.thread.join();
+    }
 }
 
 /// One lease: the importer's connection, and the block it holds.
@@ -221,108 +248,235 @@ struct Lease {
     secret: Secret,
 }
 
+/// An accepted connection whose request has not all come.
+struct Request {
+    connection: UnixStream,
+    bytes: [u8; 64],
+    received: usize,
+    /// One deadline for the whole request, however it trickles in.
+    deadline: Instant,
+}
+
+/// What the server thread serves. Here rather than on the thread's stack so
+/// that a forked child closes its copies: the listener above all, which
+/// would let importers of a dead exporter's handles connect to a child that
+/// never answers.
+struct Served {
+    pid: u32,
+    endpoint: u64,
+    listener: UnixListener,
+    /// Readable when the thread is to stop.
+    woken: UnixStream,
+    /// Oldest first, so the first deadline is the front's.
+    requests: VecDeque<Request>,
+    leases: Vec<Lease>,
+    pool_fds: HashMap<Pool, ExportedPool>,
+    /// After a failed accept (out of descriptors, say), which leaves the
+    /// listener readable: when to accept again.
+    accept_resumes: Option<Instant>,
+}
+
 /// Held by the server thread while it handles what poll reported, and by a
 /// forking thread across `fork`: the child then inherits none of the locks
-/// a step takes (shared blocks, pointer map, deferred frees).
-static SERVER_STEP: Mutex<()> = Mutex::new(());
+/// a step takes (shared blocks, pointer map, deferred frees). Every socket
+/// of the server is non-blocking: a step waits on no client, so neither
+/// does a fork (at most on a step's driver calls).
+static SERVED: Mutex<Option<Served>> = Mutex::new(None);
 
-/// The server thread: answers requests and watches leases until woken.
-/// It holds no lock of the shim's across its driver calls.
-fn serve(allocator: &Allocator, listener: UnixListener, wake: OwnedFd, pid: u32, endpoint: u64) {
-    let mut leases: Vec<Lease> = Vec::new();
-    let mut pool_fds: HashMap<Pool, ExportedPool> = HashMap::new();
+/// The server thread: answers requests and watches leases until woken. It
+/// holds no lock across poll, and none of the allocator's across its driver
+/// calls.
+fn serve(allocator: &Allocator, endpoint: u64) {
     loop {
-        let mut polled: Vec<libc::pollfd> = [wake.as_raw_fd(), listener.as_raw_fd()]
-            .into_iter()
-            .chain(leases.iter().map(|lease| lease.connection.as_raw_fd()))
-            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
-            .collect();
+        let (mut polled, timeout) = match lock(&SERVED).as_ref().filter(|served| served.endpoint == endpoint) {
+            Some(served) => served.to_poll(Instant::now()),
+            None => return,
+        };
         // SAFETY: `polled` is a valid array of its length.
-        let n = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, -1) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
+        let n = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, timeout) };
+        let failed = (n < 0).then(std::io::Error::last_os_error);
+        if failed.as_ref().is_some_and(|e| e.kind() == std::io::ErrorKind::Interrupted) {
+            continue;
+        }
+        let mut served = lock(&SERVED);
+        if failed.is_some() || polled[0].revents != 0 {
+            if let Some(e) = failed {
+                log::warn!("CUDA IPC: the server stops: poll: {e}");
             }
-            log::warn!("CUDA IPC: the server stops: poll: {}", std::io::Error::last_os_error());
+            // Its sockets close with it.
+            served.take_if(|served| served.endpoint == endpoint);
             return;
         }
-        if polled[0].revents != 0 {
-            return;
-        }
-        let _step = lock(&SERVER_STEP);
-        // Leases whose importer closed (or exited): end them, newest first so indices hold.
-        for index in (0..leases.len()).rev() {
-            if polled[index + 2].revents != 0 && connection_closed(&mut leases[index].connection) {
-                let lease = leases.swap_remove(index);
-                allocator.lease_ended(lease.base, &lease.secret);
-            }
-        }
-        if polled[1].revents != 0 {
-            loop {
-                match listener.accept() {
-                    Ok((connection, _)) => leases.extend(answer(allocator, connection, pid, endpoint, &mut pool_fds)),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        log::debug!("CUDA IPC: accept: {e}");
-                        std::thread::sleep(ACCEPT_BACKOFF);
-                        break;
-                    }
-                }
-            }
+        match served.as_mut().filter(|served| served.endpoint == endpoint) {
+            Some(served) => served.step(allocator, &polled),
+            None => return,
         }
     }
 }
 
-/// Whether the importer's end of a lease is closed (any data is ignored).
-fn connection_closed(connection: &mut UnixStream) -> bool {
-    let mut byte = [0u8; 16];
-    match connection.read(&mut byte) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::Interrupted,
+impl Served {
+    fn new(pid: u32, endpoint: u64, listener: UnixListener, woken: UnixStream) -> Served {
+        Served { pid, endpoint, listener, woken, requests: VecDeque::new(), leases: Vec::new(), pool_fds: HashMap::new(), accept_resumes: None }
+    }
+
+    /// What to poll (the wake, the listener, the requests, the leases, in
+    /// that order) and for how long (ms): until the first deadline or the
+    /// accepts' resumption, if any.
+    fn to_poll(&self, now: Instant) -> (Vec<libc::pollfd>, libc::c_int) {
+        // poll skips a negative descriptor: the listener, while accepts rest.
+        let listener = if self.accept_resumes.is_some() { -1 } else { self.listener.as_raw_fd() };
+        let polled = [self.woken.as_raw_fd(), listener]
+            .into_iter()
+            .chain(self.requests.iter().map(|request| request.connection.as_raw_fd()))
+            .chain(self.leases.iter().map(|lease| lease.connection.as_raw_fd()))
+            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+            .collect();
+        let next = self.requests.front().map(|request| request.deadline).into_iter().chain(self.accept_resumes).min();
+        // A millisecond more: woken before the deadline, the step would find nothing due.
+        let timeout = next.map_or(-1, |at| at.saturating_duration_since(now).as_millis().saturating_add(1).min(i32::MAX as u128) as libc::c_int);
+        (polled, timeout)
+    }
+
+    /// Handles what poll reported (`polled`, as `to_poll` gave it), drops
+    /// the requests past their deadline, and accepts new connections.
+    fn step(&mut self, allocator: &Allocator, polled: &[libc::pollfd]) {
+        let now = Instant::now();
+        let mut ready = polled.iter().skip(2).map(|polled| polled.revents != 0);
+        let requests_ready: Vec<bool> = ready.by_ref().take(self.requests.len()).collect();
+        let leases_ready: Vec<bool> = ready.collect();
+        // Leases whose importer closed, exited or broke the protocol: end them, last first so indices hold.
+        for index in (0..self.leases.len()).rev() {
+            if leases_ready.get(index) == Some(&true) && lease_over(&mut self.leases[index].connection) {
+                let lease = self.leases.swap_remove(index);
+                allocator.lease_ended(lease.base, &lease.secret);
+            }
+        }
+        for (mut request, ready) in std::mem::take(&mut self.requests).into_iter().zip(requests_ready) {
+            match if ready { receive(&mut request) } else { Received::Partly } {
+                Received::All => self.answer(allocator, request),
+                Received::Partly if request.deadline > now => self.requests.push_back(request),
+                _ => {} // closed, failed or late: dropped unanswered
+            }
+        }
+        if self.accept_resumes.is_some_and(|at| at <= now) {
+            self.accept_resumes = None;
+        } else if polled[1].revents != 0 {
+            self.accept(allocator, now);
+        }
+    }
+
+    /// New connections: at most `MAX_PENDING` a step, so that a flood of
+    /// connects does not keep the requests and leases waiting.
+    fn accept(&mut self, allocator: &Allocator, now: Instant) {
+        for _ in 0..MAX_PENDING {
+            match self.listener.accept() {
+                Ok((connection, _)) => self.admit(allocator, connection, now),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    log::debug!("CUDA IPC: accept: {e}");
+                    self.accept_resumes = Some(now + ACCEPT_BACKOFF);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A new connection: another user's is closed unanswered; an importer's
+    /// request, which it sends as it connects, is answered at once; one not
+    /// all there yet waits, and beyond `MAX_PENDING` the oldest is dropped.
+    fn admit(&mut self, allocator: &Allocator, connection: UnixStream, now: Instant) {
+        // SAFETY: geteuid has no preconditions.
+        if peer_uid(&connection) != Some(unsafe { libc::geteuid() }) || connection.set_nonblocking(true).is_err() {
+            return;
+        }
+        let mut request = Request { connection, bytes: [0; 64], received: 0, deadline: now + REQUEST_TIMEOUT };
+        match receive(&mut request) {
+            Received::All => self.answer(allocator, request),
+            Received::Partly => {
+                if self.requests.len() >= MAX_PENDING {
+                    self.requests.pop_front();
+                }
+                self.requests.push_back(request);
+            }
+            Received::Failed => {}
+        }
+    }
+
+    /// Answers a whole request; a granted one becomes a lease. The sends do
+    /// not wait: a few bytes on a connection that has sent none back fit, or
+    /// the connection is dropped.
+    fn answer(&mut self, allocator: &Allocator, request: Request) {
+        let (pid, endpoint, pool_fds) = (self.pid, self.endpoint, &mut self.pool_fds);
+        let granted = IpcHandle::decode(&request.bytes)
+            .filter(|handle| handle.pid == pid && handle.endpoint == endpoint)
+            .and_then(|handle| {
+                let block = allocator.lease(handle.base, &handle.secret)?;
+                match export_block(allocator, handle.base, block.device, block.size, pool_fds) {
+                    Some(granted) => Some((handle.base, handle.secret, granted)),
+                    None => {
+                        allocator.lease_ended(handle.base, &handle.secret);
+                        None
+                    }
+                }
+            });
+        let connection = request.connection;
+        let Some((base, secret, (pool_fd, data))) = granted else {
+            let _ = send_all(&connection, &1u32.to_le_bytes());
+            return;
+        };
+        let mut reply = [0u8; REPLY_LEN];
+        reply[4..].copy_from_slice(&data);
+        if send_with_fd(&connection, &reply, pool_fd).is_err() {
+            allocator.lease_ended(base, &secret);
+            return;
+        }
+        self.leases.push(Lease { connection, base, secret });
+    }
+}
+
+enum Received {
+    All,
+    Partly,
+    /// Closed before the end, or broken.
+    Failed,
+}
+
+/// Reads what has come of a request, without waiting.
+fn receive(request: &mut Request) -> Received {
+    loop {
+        match request.connection.read(&mut request.bytes[request.received..]) {
+            Ok(0) => return Received::Failed,
+            Ok(n) => {
+                request.received += n;
+                if request.received == request.bytes.len() {
+                    return Received::All;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Received::Partly,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Received::Failed,
+        }
+    }
+}
+
+/// Whether a lease is over: its importer closed it (or exited), or sent
+/// something, which the protocol never has it do after its request. One
+/// large read: a flood costs the server one step, not one per few bytes.
+fn lease_over(connection: &mut UnixStream) -> bool {
+    let mut bytes = [0u8; 4096];
+    loop {
+        match connection.read(&mut bytes) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
+            Ok(_) => return true,
+        }
     }
 }
 
 /// The reply: status (0: granted), then, if granted, the block's export
 /// data; the pool's descriptor travels alongside.
 const REPLY_LEN: usize = 4 + 64;
-
-/// Answers one request; the lease if one was granted.
-fn answer(allocator: &Allocator, mut connection: UnixStream, pid: u32, endpoint: u64, pool_fds: &mut HashMap<Pool, ExportedPool>) -> Option<Lease> {
-    // SAFETY: geteuid has no preconditions.
-    if peer_uid(&connection) != Some(unsafe { libc::geteuid() }) {
-        return None; // another user's process: not even an answer
-    }
-    connection.set_nonblocking(false).ok()?;
-    connection.set_read_timeout(Some(REQUEST_TIMEOUT)).ok()?;
-    connection.set_write_timeout(Some(REQUEST_TIMEOUT)).ok()?;
-    let mut request = [0u8; 64];
-    connection.read_exact(&mut request).ok()?;
-    let granted = IpcHandle::decode(&request)
-        .filter(|handle| handle.pid == pid && handle.endpoint == endpoint)
-        .and_then(|handle| {
-            let block = allocator.lease(handle.base, &handle.secret)?;
-            match export_block(allocator, handle.base, block.device, block.size, pool_fds) {
-                Some(granted) => Some((handle.base, handle.secret, granted)),
-                None => {
-                    allocator.lease_ended(handle.base, &handle.secret);
-                    None
-                }
-            }
-        });
-    let Some((base, secret, (pool_fd, data))) = granted else {
-        let _ = send_all(&connection, &1u32.to_le_bytes());
-        return None;
-    };
-    let mut reply = [0u8; REPLY_LEN];
-    reply[4..].copy_from_slice(&data);
-    if send_with_fd(&connection, &reply, pool_fd).is_err() || connection.set_nonblocking(true).is_err() {
-        allocator.lease_ended(base, &secret);
-        return None;
-    }
-    Some(Lease { connection, base, secret })
-}
 
 /// A pool as the server exported it: the descriptor serves only while the
 /// device's context is the one it was exported in (a reset destroys the
@@ -350,6 +504,9 @@ fn export_block(
         let fd = match pool_fds.get(&pool).filter(|exported| exported.context_id == context_id) {
             Some(exported) => exported.fd.as_raw_fd(),
             None => {
+                // The driver's descriptor comes without close-on-exec; `export_pool` sets it
+                // at once (no call makes that atomic). A fork waits for this step, so no
+                // fork-and-exec child inherits it; a posix_spawn in another thread may.
                 let fd = driver.export_pool(pool)?;
                 let raw = fd.as_raw_fd();
                 // The device's pools of an earlier context are gone: their descriptors close.
@@ -509,27 +666,37 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
         return Ok(open.ptr);
     }
     let dir = socket_dir().map_err(|_| Refused::Invalid)?;
-    let connection = match UnixStream::connect(socket_path(&dir, handle.pid, handle.endpoint)) {
-        Ok(connection) => connection,
-        // SAFETY: kill with signal 0 only asks whether the process exists.
-        Err(_) if unsafe { libc::kill(handle.pid as libc::pid_t, 0) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) =>
-        {
-            return Err(Refused::ExporterGone)
-        }
-        Err(_) => return Err(Refused::Invalid),
-    };
+    let unanswered = || if exporter_gone(handle.pid) { Refused::ExporterGone } else { Refused::Invalid };
+    let connection = UnixStream::connect(socket_path(&dir, handle.pid, handle.endpoint)).map_err(|_| unanswered())?;
     connection.set_read_timeout(Some(EXCHANGE_TIMEOUT)).map_err(|_| Refused::Invalid)?;
     connection.set_write_timeout(Some(EXCHANGE_TIMEOUT)).map_err(|_| Refused::Invalid)?;
-    send_all(&connection, &handle.encode()).map_err(|_| Refused::Invalid)?;
+    send_all(&connection, &handle.encode()).map_err(|_| unanswered())?;
     let mut reply = [0u8; REPLY_LEN];
-    let (n, pool_fd) = receive_with_fd(&connection, &mut reply).map_err(|_| Refused::Invalid)?;
+    let (n, pool_fd) = receive_with_fd(&connection, &mut reply).map_err(|_| unanswered())?;
+    if n == 0 {
+        return Err(unanswered()); // closed without a word
+    }
     let pool_fd = pool_fd.filter(|_| n == REPLY_LEN && reply[..4] == [0; 4]).ok_or(Refused::Invalid)?;
     let data: PointerExport = reply[4..].try_into().map_err(|_| Refused::Invalid)?;
     let ptr = import_block(driver, pool_fd, device, &data).map_err(|e| Refused::Driver(e.0))?;
     imports.insert((handle.endpoint, handle.base, handle.secret), Imported { ptr, opens: 1, _connection: connection });
     IMPORTED_ANY.store(true, Ordering::Release);
     Ok(ptr)
+}
+
+/// Whether process `pid` has exited: there is none, or it is a zombie its
+/// parent has not reaped (its sockets are closed all the same).
+fn exporter_gone(pid: u32) -> bool {
+    // 0 and negative pids name process groups.
+    let Some(pid) = libc::pid_t::try_from(pid).ok().filter(|&pid| pid > 0) else { return false };
+    // SAFETY: kill with signal 0 only asks whether the process exists.
+    if unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return true;
+    }
+    // The state follows the command's name, which is in parentheses and may hold any byte.
+    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.iter().rposition(|&b| b == b')').and_then(|end| stat.get(end + 2));
+    matches!(state, Some(b'Z' | b'X'))
 }
 
 /// Imports the pool (the driver gives the same pool for each import of
@@ -569,7 +736,7 @@ pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
 /// The IPC locks, held by the forking thread across `fork`.
 pub struct ForkPause {
     _server: MutexGuard<'static, Option<Server>>,
-    _step: MutexGuard<'static, ()>,
+    served: MutexGuard<'static, Option<Served>>,
     imports: MutexGuard<'static, Option<HashMap<ImportKey, Imported>>>,
 }
 
@@ -577,13 +744,17 @@ pub struct ForkPause {
 /// import or close in progress (one holds `IMPORTS` across its exchange),
 /// so the child inherits no IPC lock held by a thread it will not have.
 pub fn before_fork() -> ForkPause {
-    ForkPause { _server: lock(&SERVER), _step: lock(&SERVER_STEP), imports: lock(&IMPORTS) }
+    ForkPause { _server: lock(&SERVER), served: lock(&SERVED), imports: lock(&IMPORTS) }
 }
 
 impl ForkPause {
-    /// In a forked child: the parent's leases are not the child's to hold (a
-    /// copy of a connection would keep the exporter's block held).
+    /// In a forked child: the parent's server is not the child's to run. Its
+    /// sockets close (the child would hold the listener, which no one serves,
+    /// past the exporter's death), its pool descriptors too, and so do the
+    /// parent's leases as importer (a copy of a connection would keep the
+    /// exporter's block held).
     pub fn in_child(mut self) {
+        *self.served = None;
         *self.imports = None;
         IMPORTED_ANY.store(false, Ordering::Release);
     }

@@ -1,0 +1,453 @@
+/* The exporter's IPC server against clients that misbehave, and importers of
+ * exporters that died (under the shim only, as ipc.c). IPC_SERVER_CASE picks
+ * one:
+ *   stalled  a client sends its request a byte every 0.45 s: another
+ *            process's open is answered at once, and the stalled one cut off;
+ *   silent   30 connections that send nothing: the exporter keeps 16 (the
+ *            oldest are cut off), its fork returns at once, and 30 more
+ *            delay its exit by nothing;
+ *   flood    an importer floods its lease with data: the exporter spends
+ *            little CPU on it (getrusage) and ends the lease;
+ *   killed   the exporter is killed and not reaped yet (a zombie): an open of
+ *            its handle gives 400 at once;
+ *   forked   the exporter forked a child (no exec) and was killed: the child
+ *            holds no socket of its server, so an open gives 400 at once.
+ * The bounds leave room for a loaded machine; the figures are printed as
+ * "# " lines. */
+#include "common.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+
+/* An answer slower than this is a server that waited on another client. */
+#define ANSWER_BOUND_MS 500.0
+/* The most connections the server keeps waiting for their request
+ * (MAX_PENDING in src/front/ipc.rs). */
+#define MAX_PENDING 16
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t); /* one clock for every process */
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void to_hex(const cudaIpcMemHandle_t *h, char *hex) {
+  for (size_t i = 0; i < sizeof *h; i++) sprintf(hex + 2 * i, "%02x", ((const unsigned char *)h)[i]);
+}
+
+static cudaIpcMemHandle_t from_hex(const char *hex) {
+  cudaIpcMemHandle_t h;
+  for (size_t i = 0; i < sizeof h; i++) sscanf(hex + 2 * i, "%2hhx", &((unsigned char *)&h)[i]);
+  return h;
+}
+
+/* The exporter's socket, as the shim's handle names it (pid at byte 12,
+ * endpoint at 16, little-endian). */
+static void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size) {
+  uint32_t pid;
+  uint64_t endpoint;
+  memcpy(&pid, h->reserved + 12, sizeof pid);
+  memcpy(&endpoint, h->reserved + 16, sizeof endpoint);
+  snprintf(path, size, "/tmp/somashim-%u/%u-%016llx", (unsigned)geteuid(), pid, (unsigned long long)endpoint);
+}
+
+static int connect_to(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un address = {.sun_family = AF_UNIX};
+  snprintf(address.sun_path, sizeof address.sun_path, "%s", path);
+  CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&address, sizeof address) == 0);
+  return fd;
+}
+
+/* `role` of this program in a child, its stdin and stdout on two pipes. */
+struct child {
+  pid_t pid;
+  int to, from; /* the parent's ends */
+};
+
+static struct child start(const char *role, const char *arg) {
+  int to_child[2], from_child[2];
+  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+  fflush(stdout);
+  struct child c = {fork(), to_child[1], from_child[0]};
+  if (c.pid == 0) {
+    dup2(to_child[0], 0);
+    dup2(from_child[1], 1);
+    execl("/proc/self/exe", "ipc_server", role, arg, (char *)NULL);
+    _exit(127);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  return c;
+}
+
+static int finish(struct child c) {
+  close(c.to);
+  close(c.from);
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* One line from `fd` (without its newline); 0 at EOF before any byte. */
+static int read_line(int fd, char *line, size_t size) {
+  size_t n = 0;
+  while (n + 1 < size && read(fd, line + n, 1) == 1 && line[n] != '\n') n++;
+  line[n] = 0;
+  return n > 0;
+}
+
+static void say(char byte) { CHECK(write(1, &byte, 1) == 1); }
+
+static void await(int fd, char want) {
+  char byte = 0;
+  CHECK(read(fd, &byte, 1) == 1 && byte == want);
+}
+
+/* A pool block exported: its handle. */
+static cudaIpcMemHandle_t exported(void **block, size_t size) {
+  cudaIpcMemHandle_t h;
+  CHECK_CUDA(cudaMalloc(block, size));
+  CHECK_CUDA(cudaIpcGetMemHandle(&h, *block));
+  return h;
+}
+
+static void print_handle(const cudaIpcMemHandle_t *h) {
+  char hex[129];
+  to_hex(h, hex);
+  printf("%s\n", hex);
+}
+
+/* ---- children ---- */
+
+/* Says it is ready ('r'), and on the word ('g') opens the handle: prints the
+ * code and how long the open took. */
+static int timed_opener(const char *hex) {
+  CHECK_CUDA(cudaFree(0)); /* CUDA up before the clock starts */
+  say('r');
+  await(0, 'g');
+  void *p = NULL;
+  double t0 = now_ms();
+  int rc = cudaIpcOpenMemHandle(&p, from_hex(hex), 0);
+  printf("%d %.3f\n", rc, now_ms() - t0);
+  if (rc == 0) CHECK_CUDA(cudaIpcCloseMemHandle(p));
+  return check_failures ? 1 : 0;
+}
+
+/* Exports; on the word ('g') forks and prints how long fork took; on the
+ * next ('x') prints the time of its last statement and returns. */
+static int forking_exporter(void) {
+  void *block = NULL;
+  cudaIpcMemHandle_t h = exported(&block, MiB);
+  print_handle(&h);
+  await(0, 'g');
+  double t0 = now_ms();
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  double took = now_ms() - t0;
+  waitpid(pid, NULL, 0);
+  printf("%.3f\n", took);
+  await(0, 'x');
+  printf("%.3f\n", now_ms());
+  return check_failures ? 1 : 0;
+}
+
+/* Exports, and with `fork_first`, forks a child that only sleeps (it prints
+ * the child's pid); then waits to be killed. */
+static int killed_exporter(int fork_first) {
+  void *block = NULL;
+  cudaIpcMemHandle_t h = exported(&block, MiB);
+  print_handle(&h);
+  if (fork_first) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      sleep(30); /* killed long before, unless the test failed */
+      _exit(0);
+    }
+    printf("%d\n", (int)pid);
+  }
+  char byte;
+  while (read(0, &byte, 1) != 0) {
+  }
+  return 0;
+}
+
+/* Speaks the protocol itself: takes a lease, says so ('o'); on the word ('g')
+ * floods the lease with up to `FLOOD_BYTES`, and prints how much it sent and
+ * whether the exporter ended the lease (the sends then fail). */
+#define FLOOD_BYTES ((size_t)32 << 20)
+static int flooder(const char *hex) {
+  cudaIpcMemHandle_t h = from_hex(hex);
+  char path[128];
+  socket_path_of(&h, path, sizeof path);
+  int fd = connect_to(path);
+  CHECK(send(fd, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h);
+  unsigned char reply[68];
+  uint64_t control[4];
+  struct iovec iov = {reply, sizeof reply};
+  struct msghdr message = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+  CHECK(recvmsg(fd, &message, MSG_WAITALL | MSG_CMSG_CLOEXEC) == (ssize_t)sizeof reply);
+  CHECK(memcmp(reply, "\0\0\0\0", 4) == 0); /* granted */
+  struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+  CHECK(header && header->cmsg_type == SCM_RIGHTS);
+  if (header) {
+    int pool_fd;
+    memcpy(&pool_fd, CMSG_DATA(header), sizeof pool_fd);
+    close(pool_fd);
+  }
+  say('o');
+  await(0, 'g');
+  static char chunk[64 << 10];
+  size_t sent = 0;
+  int ended = 0;
+  while (sent < FLOOD_BYTES) {
+    ssize_t n = send(fd, chunk, sizeof chunk, MSG_NOSIGNAL);
+    if (n < 0) {
+      ended = errno == EPIPE || errno == ECONNRESET;
+      break;
+    }
+    sent += (size_t)n;
+  }
+  printf("%zu %d\n", sent, ended);
+  close(fd);
+  return check_failures ? 1 : 0;
+}
+
+/* ---- cases ---- */
+
+/* Sends the stalled request, a byte every 0.45 s, until the exporter cuts
+ * it off (when: ms after connecting) or 3 s have passed (-1). */
+struct drip {
+  const char *path;
+  volatile int started;
+  double cut_off_after;
+};
+
+static void *drip(void *arg) {
+  struct drip *d = arg;
+  int fd = connect_to(d->path);
+  double t0 = now_ms();
+  d->cut_off_after = -1;
+  unsigned char byte = 'S';
+  while (now_ms() - t0 < 3000) {
+    ssize_t sent = send(fd, &byte, 1, MSG_NOSIGNAL);
+    d->started = 1;
+    if (sent != 1) { /* cut off between two polls */
+      d->cut_off_after = now_ms() - t0;
+      break;
+    }
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 450) > 0 && read(fd, &byte, 1) <= 0) {
+      d->cut_off_after = now_ms() - t0;
+      break;
+    }
+  }
+  close(fd);
+  return NULL;
+}
+
+static void stalled(void) {
+  void *block = NULL;
+  cudaIpcMemHandle_t h = exported(&block, MiB);
+  char hex[129], path[128];
+  to_hex(&h, hex);
+  socket_path_of(&h, path, sizeof path);
+  /* Started before the drip: a server holding the fork handler's lock across the stalled
+   * request would delay this fork, and the open would then come after the stall. */
+  struct child opener = start("timed_opener", hex);
+  await(opener.from, 'r');
+  struct drip d = {.path = path};
+  pthread_t thread;
+  CHECK(pthread_create(&thread, NULL, drip, &d) == 0);
+  while (!d.started) usleep(1000);
+  usleep(100000); /* the server has the stalled request by now */
+  CHECK(write(opener.to, "g", 1) == 1);
+  char line[64] = {0};
+  CHECK(read_line(opener.from, line, sizeof line));
+  int rc = -1;
+  double took = -1;
+  CHECK(sscanf(line, "%d %lf", &rc, &took) == 2);
+  CHECK(finish(opener) == 0);
+  pthread_join(thread, NULL);
+  printf("# another process's open took %.1f ms (code %d) while a client stalled\n", took, rc);
+  printf("# the stalled client was cut off %.1f ms after connecting\n", d.cut_off_after);
+  CHECK(rc == 0 && took < ANSWER_BOUND_MS);
+  CHECK(d.cut_off_after >= 0 && d.cut_off_after < 2000);
+  printf("an open answered at once while a client stalls: %s\n", rc == 0 && took < ANSWER_BOUND_MS ? "yes" : "no");
+  printf("the stalled client cut off: %s\n", d.cut_off_after >= 0 ? "yes" : "no");
+}
+
+/* `n` connections to `path` that send nothing. */
+static void connect_silently(const char *path, int *fds, int n) {
+  for (int i = 0; i < n; i++) fds[i] = connect_to(path);
+  usleep(100000); /* the server has them by now */
+}
+
+static void silent(void) {
+  CHECK_CUDA(cudaFree(0));
+  struct child exporter = start("forking_exporter", "-");
+  char line[160] = {0};
+  CHECK(read_line(exporter.from, line, sizeof line));
+  cudaIpcMemHandle_t h = from_hex(line);
+  char path[128];
+  socket_path_of(&h, path, sizeof path);
+  int fds[60];
+  connect_silently(path, fds, 30);
+  int cut_off = 0; /* before their deadline: beyond the cap */
+  for (int i = 0; i < 30; i++) {
+    struct pollfd p = {fds[i], POLLIN, 0};
+    char byte;
+    cut_off += poll(&p, 1, 0) == 1 && read(fds[i], &byte, 1) == 0;
+  }
+  CHECK(write(exporter.to, "g", 1) == 1);
+  double fork_took = -1, last = 0;
+  CHECK(read_line(exporter.from, line, sizeof line) && sscanf(line, "%lf", &fork_took) == 1);
+  connect_silently(path, fds + 30, 30);
+  CHECK(write(exporter.to, "x", 1) == 1);
+  CHECK(read_line(exporter.from, line, sizeof line) && sscanf(line, "%lf", &last) == 1);
+  while (read(exporter.from, line, sizeof line) > 0) { /* EOF: the exporter is gone */
+  }
+  double exit_took = now_ms() - last;
+  CHECK(finish(exporter) == 0);
+  for (int i = 0; i < 60; i++) close(fds[i]);
+  printf("# %d of 30 silent connections cut off at once; the exporter's fork took %.1f ms; with 30 more its exit took "
+         "%.1f ms\n",
+         cut_off, fork_took, exit_took);
+  CHECK(cut_off >= 30 - MAX_PENDING);
+  printf("the exporter keeps at most %d silent connections: %s\n", MAX_PENDING, cut_off >= 30 - MAX_PENDING ? "yes" : "no");
+  CHECK(fork_took >= 0 && fork_took < ANSWER_BOUND_MS);
+  CHECK(exit_took < 2 * ANSWER_BOUND_MS);
+  printf("the exporter's fork waits on no silent client: %s\n", fork_took < ANSWER_BOUND_MS ? "yes" : "no");
+  printf("the exporter's exit waits on no silent client: %s\n", exit_took < 2 * ANSWER_BOUND_MS ? "yes" : "no");
+}
+
+static double cpu_seconds(void) {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+/* Whether the block at p, freed by the program while leased, is freed for
+ * real (the next allocations issue the frees the server queued). */
+static int freed_once_released(void *p) {
+  struct fakecuda_ptr_info info;
+  for (int attempt = 0; attempt < 200; attempt++) {
+    void *next = NULL;
+    CHECK_CUDA(cudaMalloc(&next, MiB));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    int live = fakecuda_ptr_info(p, &info) && info.base == (uintptr_t)p;
+    CHECK_CUDA(cudaFree(next));
+    if (!live || next == p) return 1;
+    usleep(10000);
+  }
+  return 0;
+}
+
+static void flood(void) {
+  void *block = NULL;
+  cudaIpcMemHandle_t h = exported(&block, MiB);
+  char hex[129];
+  to_hex(&h, hex);
+  struct child flooder = start("flooder", hex);
+  await(flooder.from, 'o');
+  CHECK_CUDA(cudaFree(block)); /* held for the lease */
+  double cpu_before = cpu_seconds();
+  CHECK(write(flooder.to, "g", 1) == 1);
+  char line[64] = {0};
+  size_t sent = 0;
+  int ended = 0;
+  CHECK(read_line(flooder.from, line, sizeof line) && sscanf(line, "%zu %d", &sent, &ended) == 2);
+  double cpu = cpu_seconds() - cpu_before;
+  CHECK(finish(flooder) == 0);
+  printf("# the exporter spent %.3f s of CPU while a lease sent %zu bytes\n", cpu, sent);
+  CHECK(ended);
+  CHECK(cpu < 0.5);
+  printf("a flooding lease ended by the exporter: %s\n", ended ? "yes" : "no");
+  printf("the exporter's CPU time under 0.5 s: %s\n", cpu < 0.5 ? "yes" : "no");
+  int freed = freed_once_released(block);
+  CHECK(freed);
+  printf("the block freed once the lease ended: %s\n", freed ? "yes" : "no");
+}
+
+/* A process's state letter in /proc/<pid>/stat (after the name, in parentheses). */
+static char state_of(pid_t pid) {
+  char path[64], stat[512] = {0};
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(stat, 1, sizeof stat - 1, f);
+  fclose(f);
+  stat[n] = 0;
+  char *end = strrchr(stat, ')');
+  return end && end[1] ? end[2] : 0;
+}
+
+/* The code and time of an open of `h`, whose exporter has died; its socket
+ * file, which a killed exporter leaves, goes. */
+static int open_after_death(const cudaIpcMemHandle_t *h, const char *what) {
+  void *p = (void *)0x1;
+  double t0 = now_ms();
+  int rc = cudaIpcOpenMemHandle(&p, *h, 0);
+  double took = now_ms() - t0;
+  cudaGetLastError();
+  printf("# the open of the handle of %s gave %d in %.1f ms\n", what, rc, took);
+  CHECK(rc == 400 && took < ANSWER_BOUND_MS);
+  char path[128];
+  socket_path_of(h, path, sizeof path);
+  unlink(path);
+  return rc;
+}
+
+static void killed(void) {
+  CHECK_CUDA(cudaFree(0));
+  struct child exporter = start("killed_exporter", "-");
+  char line[160] = {0};
+  CHECK(read_line(exporter.from, line, sizeof line));
+  cudaIpcMemHandle_t h = from_hex(line);
+  kill(exporter.pid, SIGKILL);
+  for (int i = 0; i < 2000 && state_of(exporter.pid) != 'Z'; i++) usleep(1000);
+  CHECK(state_of(exporter.pid) == 'Z');
+  int rc = open_after_death(&h, "a killed exporter not reaped yet");
+  printf("open the handle of a killed exporter not reaped yet: %d\n", rc);
+  CHECK(finish(exporter) == 128 + SIGKILL);
+}
+
+static void forked(void) {
+  CHECK_CUDA(cudaFree(0));
+  struct child exporter = start("forked_exporter", "-");
+  char line[160] = {0};
+  CHECK(read_line(exporter.from, line, sizeof line));
+  cudaIpcMemHandle_t h = from_hex(line);
+  int child = 0;
+  CHECK(read_line(exporter.from, line, sizeof line) && (child = atoi(line)) > 0);
+  kill(exporter.pid, SIGKILL);
+  CHECK(finish(exporter) == 128 + SIGKILL);
+  int rc = open_after_death(&h, "a killed exporter whose forked child lives");
+  if (child > 0) kill(child, SIGKILL);
+  printf("open the handle of a killed exporter whose forked child lives: %d\n", rc);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "timed_opener") == 0) return timed_opener(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "forking_exporter") == 0) return forking_exporter();
+  if (argc == 3 && strcmp(argv[1], "killed_exporter") == 0) return killed_exporter(0);
+  if (argc == 3 && strcmp(argv[1], "forked_exporter") == 0) return killed_exporter(1);
+  if (argc == 3 && strcmp(argv[1], "flooder") == 0) return flooder(argv[2]);
+  CHECK(under_shim());
+  const char *which = getenv("IPC_SERVER_CASE");
+  if (!which) which = "";
+  if (strcmp(which, "stalled") == 0) stalled();
+  else if (strcmp(which, "silent") == 0) silent();
+  else if (strcmp(which, "flood") == 0) flood();
+  else if (strcmp(which, "killed") == 0) killed();
+  else if (strcmp(which, "forked") == 0) forked();
+  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed or forked");
+  return report();
+}
