@@ -9,6 +9,7 @@ pub mod driver_door;
 pub mod guard;
 pub mod hooks;
 pub mod ipc;
+pub mod ipc_server;
 pub mod pointer_queries;
 pub mod process;
 pub mod runtime_door;

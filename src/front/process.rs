@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Once, OnceLock};
 
-use super::ipc;
+use super::{ipc, ipc_server};
 use crate::core::allocator::state::Allocator;
 use crate::core::config::Config;
 use crate::core::reclaimer::ForkPause;
@@ -83,7 +83,7 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let allocator = allocator();
         allocator.reclaimer.stop();
-        ipc::stop_server();
+        ipc_server::stop_server();
         if allocator.reporting() {
             allocator.report(driver::loaded());
         }
