@@ -6,7 +6,7 @@
  *   silent   30 connections that send nothing: the exporter keeps 16 (the
  *            oldest are cut off), its fork returns at once, and 30 more
  *            delay its exit by nothing;
- *   flood    an importer floods its lease with data: the exporter spends
+ *   flood    an importer floods its lease's connection with data: the exporter spends
  *            little CPU on it (getrusage) and ends the lease;
  *   killed   the exporter is killed and not reaped yet (a zombie): an open of
  *            its handle gives 400 at once;
@@ -29,7 +29,7 @@
 /* An answer slower than this is a server that waited on another client. */
 #define ANSWER_BOUND_MS 500.0
 /* The most connections the server keeps waiting for their request
- * (MAX_PENDING in src/front/ipc.rs). */
+ * (MAX_PENDING in src/front/ipc_server.rs). */
 #define MAX_PENDING 16
 
 static double now_ms(void) {
@@ -180,7 +180,7 @@ static int killed_exporter(int fork_first) {
 }
 
 /* Speaks the protocol itself: takes a lease, says so ('o'); on the word ('g')
- * floods the lease with up to `FLOOD_BYTES`, and prints how much it sent and
+ * floods the lease's connection with up to `FLOOD_BYTES` (zeros: no request), and prints how much it sent and
  * whether the exporter ended the lease (the sends then fail). */
 #define FLOOD_BYTES ((size_t)32 << 20)
 static int flooder(const char *hex) {
@@ -188,8 +188,10 @@ static int flooder(const char *hex) {
   char path[128];
   socket_path_of(&h, path, sizeof path);
   int fd = connect_to(path);
-  CHECK(send(fd, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h);
-  unsigned char reply[68];
+  unsigned char request[4 + sizeof h] = {1}; /* open (src/front/ipc_wire.rs) */
+  memcpy(request + 4, &h, sizeof h);
+  CHECK(send(fd, request, sizeof request, MSG_NOSIGNAL) == (ssize_t)sizeof request);
+  unsigned char reply[76];
   uint64_t control[4];
   struct iovec iov = {reply, sizeof reply};
   struct msghdr message = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};

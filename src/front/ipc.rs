@@ -32,14 +32,12 @@ use std::time::Duration;
 use crate::core::allocator::state::Allocator;
 use crate::core::shared_blocks::{IpcHandle, Secret};
 use crate::core::locks::lock;
-use crate::cuda::driver::{self, PointerExport};
+use crate::cuda::driver;
 use crate::cuda::gpu::{Gpu, Pool};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
 
-use super::ipc_server::{
-    random_secret, receive_with_fd, send_all, server_endpoint, socket_dir, socket_path, Served, Server, REPLY_LEN, SERVED,
-    SERVER, SERVING_ENDPOINT, SERVING_PID,
-};
+use super::ipc_server::{random_secret, server_endpoint, socket_dir, socket_path, Served, Server, SERVED, SERVER, SERVING_ENDPOINT, SERVING_PID};
+use super::ipc_wire::{encode_request, receive_with_fd, send_all, Op, Reply, REPLY_LEN};
 
 /// `CUDA_ERROR_INVALID_CONTEXT`: the real open of a handle in the process
 /// that exported it (measured, docs/FACTS.md "CUDA IPC").
@@ -87,25 +85,53 @@ fn export(allocator: &'static Allocator, ptr: u64) -> Option<IpcHandle> {
     Some(IpcHandle { pid: std::process::id(), endpoint, base, secret })
 }
 
-
-
-
 // ---- import -------------------------------------------------------------------
 
 /// One block this process imported, opened `opens` times.
 struct Imported {
     ptr: u64,
     opens: u32,
-    /// The lease: closing it tells the exporter.
-    _connection: UnixStream,
+    /// The link its lease is on.
+    link: u64,
+    handle: IpcHandle,
 }
+
+/// The one connection to an exporter for a device of this process: the
+/// leases of every block imported over it, and the pools imported through
+/// it (their descriptors closed once imported: the driver keeps none of ours).
+struct Link {
+    connection: UnixStream,
+    /// The exporter's (pid, endpoint) and the device: what the link serves.
+    key: LinkKey,
+    pools: HashMap<u64, Pool>,
+    leases: usize,
+    /// An exchange on it failed (timed out, say), so a reply may still come:
+    /// no request goes on it again, and it ends (with its leases in the
+    /// exporter) with its last lease here.
+    retired: bool,
+}
+
+type LinkKey = (u32, u64, i32);
 
 /// An imported block's (exporter endpoint, base address in the exporter,
 /// secret): a handle opens an existing mapping only if it names the same
 /// export, secret included, as the exporter would check.
 type ImportKey = (u64, u64, Secret);
 
-static IMPORTS: Mutex<Option<HashMap<ImportKey, Imported>>> = Mutex::new(None);
+#[derive(Default)]
+struct Imports {
+    blocks: HashMap<ImportKey, Imported>,
+    by_ptr: HashMap<u64, ImportKey>,
+    links: HashMap<u64, Link>,
+    /// The link new opens of an exporter's handles on a device go over.
+    current: HashMap<LinkKey, u64>,
+    next_link: u64,
+}
+
+/// Held across each exchange with an exporter (one request, one reply, each
+/// bounded by `EXCHANGE_TIMEOUT`), which serializes the requests on a
+/// link, and by a forking thread across `fork`.
+static IMPORTS: Mutex<Option<Imports>> = Mutex::new(None);
 
 /// Whether this process ever imported a block (skips the lock for the real closes).
 static IMPORTED_ANY: AtomicBool = AtomicBool::new(false);
@@ -146,28 +172,108 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     let driver = driver::loaded().ok_or(Refused::Invalid)?;
     let device = driver.current_device().map_err(|e| Refused::Driver(e.0))?;
     let mut imports = lock(&IMPORTS);
-    let imports = imports.get_or_insert_with(HashMap::new);
-    if let Some(open) = imports.get_mut(&(handle.endpoint, handle.base, handle.secret)) {
+    let imports = imports.get_or_insert_with(Imports::default);
+    let key = (handle.endpoint, handle.base, handle.secret);
+    if let Some(open) = imports.blocks.get_mut(&key) {
         open.opens += 1; // as the real call: the same address, counted
         return Ok(open.ptr);
     }
-    let dir = socket_dir().map_err(|_| Refused::Invalid)?;
     let unanswered = || if exporter_gone(handle.pid) { Refused::ExporterGone } else { Refused::Invalid };
-    let connection = UnixStream::connect(socket_path(&dir, handle.pid, handle.endpoint)).map_err(|_| unanswered())?;
-    connection.set_read_timeout(Some(EXCHANGE_TIMEOUT)).map_err(|_| Refused::Invalid)?;
-    connection.set_write_timeout(Some(EXCHANGE_TIMEOUT)).map_err(|_| Refused::Invalid)?;
-    send_all(&connection, &handle.encode()).map_err(|_| unanswered())?;
-    let mut reply = [0u8; REPLY_LEN];
-    let (n, pool_fd) = receive_with_fd(&connection, &mut reply).map_err(|_| unanswered())?;
-    if n == 0 {
-        return Err(unanswered()); // closed without a word
+    let id = imports.link((handle.pid, handle.endpoint, device)).map_err(|_| unanswered())?;
+    let link = imports.links.get_mut(&id).ok_or(Refused::Invalid)?;
+    let Ok((reply, pool_fd)) = link.exchange(Op::Open, handle) else {
+        imports.retire(id);
+        imports.drop_if_unused(id);
+        return Err(unanswered());
+    };
+    if reply.status != 0 {
+        imports.drop_if_unused(id);
+        return Err(Refused::Invalid);
     }
-    let pool_fd = pool_fd.filter(|_| n == REPLY_LEN && reply[..4] == [0; 4]).ok_or(Refused::Invalid)?;
-    let data: PointerExport = reply[4..].try_into().map_err(|_| Refused::Invalid)?;
-    let ptr = import_block(driver, pool_fd, device, &data).map_err(|e| Refused::Driver(e.0))?;
-    imports.insert((handle.endpoint, handle.base, handle.secret), Imported { ptr, opens: 1, _connection: connection });
-    IMPORTED_ANY.store(true, Ordering::Release);
-    Ok(ptr)
+    link.leases += 1;
+    // The pool's descriptor comes with the link's first block of it, and closes once imported.
+    let pool = match pool_fd {
+        Some(fd) => driver.import_pool(fd.as_fd()).ok().inspect(|&pool| _ = link.pools.insert(reply.pool, pool)),
+        None => link.pools.get(&reply.pool).copied(),
+    };
+    let Some(pool) = pool else {
+        // The exporter takes this link to have the pool: a new one will get it.
+        imports.retire(id);
+        imports.release(id, handle);
+        return Err(Refused::Invalid);
+    };
+    match driver.set_peer_access(pool, device, true).and_then(|_| driver.import_pointer(pool, &reply.data)) {
+        Ok(ptr) => {
+            imports.blocks.insert(key, Imported { ptr, opens: 1, link: id, handle: *handle });
+            imports.by_ptr.insert(ptr, key);
+            IMPORTED_ANY.store(true, Ordering::Release);
+            Ok(ptr)
+        }
+        Err(e) => {
+            imports.release(id, handle);
+            Err(Refused::Driver(e.0))
+        }
+    }
+}
+
+impl Imports {
+    /// The link to the exporter for the device, connected if there is none.
+    fn link(&mut self, key: LinkKey) -> std::io::Result<u64> {
+        if let Some(&id) = self.current.get(&key) {
+            return Ok(id);
+        }
+        let dir = socket_dir().map_err(std::io::Error::other)?;
+        let connection = UnixStream::connect(socket_path(&dir, key.0, key.1))?;
+        connection.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
+        connection.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
+        let id = self.next_link;
+        self.next_link += 1;
+        self.links.insert(id, Link { connection, key, pools: HashMap::new(), leases: 0, retired: false });
+        self.current.insert(key, id);
+        Ok(id)
+    }
+
+    fn retire(&mut self, id: u64) {
+        let Some(link) = self.links.get_mut(&id) else { return };
+        link.retired = true;
+        if self.current.get(&link.key) == Some(&id) {
+            self.current.remove(&link.key);
+        }
+    }
+
+    /// A link that holds no lease closes (the exporter closes its end too).
+    fn drop_if_unused(&mut self, id: u64) {
+        if let Some(link) = self.links.get(&id).filter(|link| link.leases == 0) {
+            if self.current.get(&link.key) == Some(&id) {
+                self.current.remove(&link.key);
+            }
+            self.links.remove(&id);
+        }
+    }
+
+    /// Ends the link's lease on the handle's block: the exporter is told,
+    /// unless the link is retired, whose end tells it.
+    fn release(&mut self, id: u64, handle: &IpcHandle) {
+        let Some(link) = self.links.get_mut(&id) else { return };
+        link.leases = link.leases.saturating_sub(1);
+        if !link.retired && link.exchange(Op::Close, handle).is_err() {
+            self.retire(id);
+        }
+        self.drop_if_unused(id);
+    }
+}
+
+impl Link {
+    /// One request and its reply (with the descriptor sent alongside, if
+    /// any). An error leaves the link out of step: the caller retires it.
+    fn exchange(&self, op: Op, handle: &IpcHandle) -> Result<(Reply, Option<OwnedFd>), ()> {
+        send_all(&self.connection, &encode_request(op, handle)).map_err(|_| ())?;
+        let mut reply = [0u8; REPLY_LEN];
+        match receive_with_fd(&self.connection, &mut reply) {
+            Ok((n, fd)) if n == REPLY_LEN => Ok((Reply::decode(&reply), fd)),
+            _ => Err(()),
+        }
+    }
 }
 
 /// Whether process `pid` has exited: there is none, or it is a zombie its
@@ -185,37 +291,32 @@ fn exporter_gone(pid: u32) -> bool {
     matches!(state, Some(b'Z' | b'X'))
 }
 
-/// Imports the pool (the driver gives the same pool for each import of
-/// one), lets `device` reach it, and maps the block.
-fn import_block(driver: &driver::Driver, pool_fd: OwnedFd, device: i32, data: &PointerExport) -> Result<u64, crate::cuda::gpu::CuError> {
-    let pool: Pool = driver.import_pool(pool_fd.as_fd())?;
-    driver.set_peer_access(pool, device, true)?;
-    driver.import_pointer(pool, data)
-}
-
 /// `cuIpcCloseMemHandle`: an imported block's last close unmaps it here
 /// (once this context's work is done, so the exporter may reuse it) and
-/// ends the lease; anything else the real call answers.
+/// ends its lease; anything else the real call answers.
 pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     if !IMPORTED_ANY.load(Ordering::Acquire) {
         return real();
     }
-    // Held until the block is unmapped: an open of the same handle meanwhile
+    // Held until the lease has ended: an open of the same handle meanwhile
     // would map it again at the same address, and this unmapping undo it.
     // (IPC calls are not the allocation hot path.)
     let mut imports = lock(&IMPORTS);
     let Some(imports) = imports.as_mut() else { return real() };
-    let Some((&key, open)) = imports.iter_mut().find(|(_, open)| open.ptr == ptr) else { return real() };
+    let Some(&key) = imports.by_ptr.get(&ptr) else { return real() };
+    let Some(open) = imports.blocks.get_mut(&key) else { return real() };
     open.opens -= 1;
     if open.opens > 0 {
         return SUCCESS;
     }
-    let closed = imports.remove(&key);
-    let Some(driver) = driver::loaded() else { return SUCCESS };
-    if let Err(e) = driver.synchronize_context().and_then(|_| driver.free_now(ptr)) {
-        log::warn!("CUDA IPC: unmapping the imported block at {ptr:#x} failed: {e:?}");
+    imports.by_ptr.remove(&ptr);
+    let Some(closed) = imports.blocks.remove(&key) else { return SUCCESS };
+    if let Some(driver) = driver::loaded() {
+        if let Err(e) = driver.synchronize_context().and_then(|_| driver.free_now(ptr)) {
+            log::warn!("CUDA IPC: unmapping the imported block at {ptr:#x} failed: {e:?}");
+        }
     }
-    drop(closed); // the lease ends after the unmapping
+    imports.release(closed.link, &closed.handle); // after the unmapping
     SUCCESS
 }
 
@@ -223,12 +324,13 @@ pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
 pub struct ForkPause {
     _server: MutexGuard<'static, Option<Server>>,
     served: MutexGuard<'static, Option<Served>>,
-    imports: MutexGuard<'static, Option<HashMap<ImportKey, Imported>>>,
+    imports: MutexGuard<'static, Option<Imports>>,
 }
 
 /// Before `fork`: no server starting, no server step under way and no
-/// import or close in progress (one holds `IMPORTS` across its exchange),
-/// so the child inherits no IPC lock held by a thread it will not have.
+/// exchange of an import or close in progress (one holds `IMPORTS`
+/// across it), so the child inherits no IPC lock held by a thread it will
+/// not have, and no link in the middle of an exchange.
 pub fn before_fork() -> ForkPause {
     ForkPause { _server: lock(&SERVER), served: lock(&SERVED), imports: lock(&IMPORTS) }
 }
@@ -237,8 +339,8 @@ impl ForkPause {
     /// In a forked child: the parent's server is not the child's to run. Its
     /// sockets close (the child would hold the listener, which no one serves,
     /// past the exporter's death), its pool descriptors too, and so do the
-    /// parent's leases as importer (a copy of a connection would keep the
-    /// exporter's block held).
+    /// parent's links as importer (a copy of one would keep the exporter's
+    /// blocks held).
     pub fn in_child(mut self) {
         *self.served = None;
         *self.imports = None;

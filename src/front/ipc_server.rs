@@ -1,13 +1,14 @@
 //! The exporter's side of CUDA IPC on pool memory (front/ipc.rs has the
-//! whole exchange): one thread per process serving leases on its Unix
-//! socket, and the socket protocol both sides speak. No client can stall it:
-//! its sockets are non-blocking, a request has one deadline from its accept,
-//! few connections may wait for theirs, no lock is held across a wait on a
-//! client, and exit does not wait for one.
+//! whole exchange, front/ipc_wire.rs the messages): one thread per process
+//! serving leases on its Unix socket, many over each importer's one
+//! connection. No client can stall it: its sockets are non-blocking, a
+//! request has one deadline (from the accept for a connection's first, from
+//! its first byte for later ones), few connections without a lease may wait,
+//! no lock is held across a wait on a client, and exit does not wait for one.
 
-use std::collections::{HashMap, VecDeque};
-use std::io::{IoSlice, IoSliceMut, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::ipc_wire::{decode_request, send_all, send_with_fd, Op, Reply, REQUEST_LEN};
 use crate::core::allocator::state::Allocator;
 use crate::core::shared_blocks::{IpcHandle, Secret};
 use crate::core::locks::{lock, try_lock};
@@ -179,20 +181,36 @@ pub fn stop_server() {
     }
 }
 
-/// One lease: the importer's connection, and the block it holds.
-struct Lease {
+/// An importer's connection: its leases, and the request under way.
+struct Client {
     connection: UnixStream,
-    base: u64,
-    secret: Secret,
+    bytes: [u8; REQUEST_LEN],
+    received: usize,
+    /// When the request under way must be whole: from the accept for a new
+    /// connection's (it comes with the connect), from its first byte for a
+    /// later one's; none between requests.
+    deadline: Option<Instant>,
+    /// (base, secret) of each block leased over this connection, and how
+    /// many times: the connection's end ends them all.
+    leases: HashMap<(u64, Secret), u32>,
+    /// The pools (by id) whose descriptor this connection has had.
+    pools_sent: HashSet<u64>,
 }
 
-/// An accepted connection whose request has not all come.
-struct Request {
-    connection: UnixStream,
-    bytes: [u8; 64],
-    received: usize,
-    /// One deadline for the whole request, however it trickles in.
-    deadline: Instant,
+impl Client {
+    fn new(connection: UnixStream, deadline: Instant) -> Client {
+        Client { connection, bytes: [0; REQUEST_LEN], received: 0, deadline: Some(deadline), leases: HashMap::new(), pools_sent: HashSet::new() }
+    }
+
+    /// The connection is over (closed, broken, late, or it broke the
+    /// protocol): its leases end.
+    fn end(self, allocator: &Allocator) {
+        for ((base, secret), count) in self.leases {
+            for _ in 0..count {
+                allocator.lease_ended(base, &secret);
+            }
+        }
+    }
 }
 
 /// What the server thread serves. Here rather than on the thread's stack so
@@ -205,10 +223,12 @@ pub(super) struct Served {
     listener: UnixListener,
     /// Readable when the thread is to stop.
     woken: UnixStream,
-    /// Oldest first, so the first deadline is the front's.
-    requests: VecDeque<Request>,
-    leases: Vec<Lease>,
-    pool_fds: HashMap<Pool, ExportedPool>,
+    /// Connections that hold no lease yet, oldest first (so the first
+    /// deadline is the front's).
+    pending: VecDeque<Client>,
+    /// Connections that hold leases.
+    clients: Vec<Client>,
+    pools: ExportedPools,
     /// After a failed accept (out of descriptors, say), which leaves the
     /// listener readable: when to accept again.
     accept_resumes: Option<Instant>,
@@ -221,9 +241,9 @@ pub(super) struct Served {
 /// does a fork (at most on a step's driver calls).
 pub(super) static SERVED: Mutex<Option<Served>> = Mutex::new(None);
 
-/// The server thread: answers requests and watches leases until woken. It
-/// holds no lock across poll, and none of the allocator's across its driver
-/// calls.
+/// The server thread: answers requests and watches connections until woken.
+/// It holds no lock across poll, and none of the allocator's across its
+/// driver calls.
 fn serve(allocator: &Allocator, endpoint: u64) {
     loop {
         let (mut polled, timeout) = match lock(&SERVED).as_ref().filter(|served| served.endpoint == endpoint) {
@@ -254,46 +274,48 @@ fn serve(allocator: &Allocator, endpoint: u64) {
 
 impl Served {
     fn new(pid: u32, endpoint: u64, listener: UnixListener, woken: UnixStream) -> Served {
-        Served { pid, endpoint, listener, woken, requests: VecDeque::new(), leases: Vec::new(), pool_fds: HashMap::new(), accept_resumes: None }
+        let pools = ExportedPools { by_pool: HashMap::new(), next_id: 1 };
+        Served { pid, endpoint, listener, woken, pending: VecDeque::new(), clients: Vec::new(), pools, accept_resumes: None }
     }
 
-    /// What to poll (the wake, the listener, the requests, the leases, in
-    /// that order) and for how long (ms): until the first deadline or the
-    /// accepts' resumption, if any.
+    /// What to poll (the wake, the listener, the pending connections, the
+    /// clients, in that order) and for how long (ms): until the first
+    /// deadline or the accepts' resumption, if any.
     fn to_poll(&self, now: Instant) -> (Vec<libc::pollfd>, libc::c_int) {
         // poll skips a negative descriptor: the listener, while accepts rest.
         let listener = if self.accept_resumes.is_some() { -1 } else { self.listener.as_raw_fd() };
         let polled = [self.woken.as_raw_fd(), listener]
             .into_iter()
-            .chain(self.requests.iter().map(|request| request.connection.as_raw_fd()))
-            .chain(self.leases.iter().map(|lease| lease.connection.as_raw_fd()))
+            .chain(self.pending.iter().chain(&self.clients).map(|client| client.connection.as_raw_fd()))
             .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
             .collect();
-        let next = self.requests.front().map(|request| request.deadline).into_iter().chain(self.accept_resumes).min();
+        let deadlines = self.pending.front().into_iter().chain(&self.clients).filter_map(|client| client.deadline);
+        let next = deadlines.chain(self.accept_resumes).min();
         // A millisecond more: woken before the deadline, the step would find nothing due.
         let timeout = next.map_or(-1, |at| at.saturating_duration_since(now).as_millis().saturating_add(1).min(i32::MAX as u128) as libc::c_int);
         (polled, timeout)
     }
 
-    /// Handles what poll reported (`polled`, as `to_poll` gave it), drops
-    /// the requests past their deadline, and accepts new connections.
+    /// Handles what poll reported (`polled`, as `to_poll` gave it): at most
+    /// one request per connection, so that one busy connection keeps no
+    /// other waiting; ends the connections past their deadline; accepts new ones.
     fn step(&mut self, allocator: &Allocator, polled: &[libc::pollfd]) {
         let now = Instant::now();
         let mut ready = polled.iter().skip(2).map(|polled| polled.revents != 0);
-        let requests_ready: Vec<bool> = ready.by_ref().take(self.requests.len()).collect();
-        let leases_ready: Vec<bool> = ready.collect();
-        // Leases whose importer closed, exited or broke the protocol: end them, last first so indices hold.
-        for index in (0..self.leases.len()).rev() {
-            if leases_ready.get(index) == Some(&true) && lease_over(&mut self.leases[index].connection) {
-                let lease = self.leases.swap_remove(index);
-                allocator.lease_ended(lease.base, &lease.secret);
+        let pending_ready: Vec<bool> = ready.by_ref().take(self.pending.len()).collect();
+        let clients_ready: Vec<bool> = ready.collect();
+        for (mut client, ready) in std::mem::take(&mut self.clients).into_iter().zip(clients_ready) {
+            match if ready { receive(&mut client, now) } else { Received::Partly } {
+                Received::All => self.answer(allocator, client),
+                Received::Partly if client.deadline.is_none_or(|at| at > now) => self.clients.push(client),
+                _ => client.end(allocator),
             }
         }
-        for (mut request, ready) in std::mem::take(&mut self.requests).into_iter().zip(requests_ready) {
-            match if ready { receive(&mut request) } else { Received::Partly } {
-                Received::All => self.answer(allocator, request),
-                Received::Partly if request.deadline > now => self.requests.push_back(request),
-                _ => {} // closed, failed or late: dropped unanswered
+        for (mut client, ready) in std::mem::take(&mut self.pending).into_iter().zip(pending_ready) {
+            match if ready { receive(&mut client, now) } else { Received::Partly } {
+                Received::All => self.answer(allocator, client),
+                Received::Partly if client.deadline.is_none_or(|at| at > now) => self.pending.push_back(client),
+                _ => client.end(allocator),
             }
         }
         if self.accept_resumes.is_some_and(|at| at <= now) {
@@ -321,73 +343,100 @@ impl Served {
     }
 
     /// A new connection: another user's is closed unanswered; an importer's
-    /// request, which it sends as it connects, is answered at once; one not
-    /// all there yet waits, and beyond `MAX_PENDING` the oldest is dropped.
+    /// first request, which it sends as it connects, is answered at once;
+    /// one not all there yet waits, and beyond `MAX_PENDING` the oldest is dropped.
     fn admit(&mut self, allocator: &Allocator, connection: UnixStream, now: Instant) {
         // SAFETY: geteuid has no preconditions.
         if peer_uid(&connection) != Some(unsafe { libc::geteuid() }) || connection.set_nonblocking(true).is_err() {
             return;
         }
-        let mut request = Request { connection, bytes: [0; 64], received: 0, deadline: now + REQUEST_TIMEOUT };
-        match receive(&mut request) {
-            Received::All => self.answer(allocator, request),
+        let mut client = Client::new(connection, now + REQUEST_TIMEOUT);
+        match receive(&mut client, now) {
+            Received::All => self.answer(allocator, client),
             Received::Partly => {
-                if self.requests.len() >= MAX_PENDING {
-                    self.requests.pop_front();
+                if self.pending.len() >= MAX_PENDING {
+                    self.pending.pop_front();
                 }
-                self.requests.push_back(request);
+                self.pending.push_back(client);
             }
             Received::Failed => {}
         }
     }
 
-    /// Answers a whole request; a granted one becomes a lease. The sends do
-    /// not wait: a few bytes on a connection that has sent none back fit, or
-    /// the connection is dropped.
-    fn answer(&mut self, allocator: &Allocator, request: Request) {
-        let (pid, endpoint, pool_fds) = (self.pid, self.endpoint, &mut self.pool_fds);
-        let granted = IpcHandle::decode(&request.bytes)
-            .filter(|handle| handle.pid == pid && handle.endpoint == endpoint)
-            .and_then(|handle| {
-                let block = allocator.lease(handle.base, &handle.secret)?;
-                match export_block(allocator, handle.base, block.device, block.size, pool_fds) {
-                    Some(granted) => Some((handle.base, handle.secret, granted)),
-                    None => {
+    /// Answers a client's whole request. The connection stays while it holds
+    /// leases; one that holds none after its answer, sends what is no request,
+    /// or whose reply does not fit at once (it sends without reading) ends.
+    fn answer(&mut self, allocator: &Allocator, mut client: Client) {
+        let request = decode_request(&client.bytes);
+        (client.received, client.deadline) = (0, None);
+        let sent = match request {
+            Some((Op::Open, handle)) if handle.pid == self.pid && handle.endpoint == self.endpoint => {
+                self.grant(allocator, &mut client, &handle)
+            }
+            Some((Op::Open, _)) => send_all(&client.connection, &Reply::REFUSED.encode()).is_ok(),
+            Some((Op::Close, handle)) => {
+                let key = (handle.base, handle.secret);
+                let reply = match client.leases.get_mut(&key) {
+                    Some(count) => {
+                        *count -= 1;
+                        if *count == 0 {
+                            client.leases.remove(&key);
+                        }
                         allocator.lease_ended(handle.base, &handle.secret);
-                        None
+                        Reply::DONE
                     }
-                }
-            });
-        let connection = request.connection;
-        let Some((base, secret, (pool_fd, data))) = granted else {
-            let _ = send_all(&connection, &1u32.to_le_bytes());
-            return;
+                    None => Reply::REFUSED,
+                };
+                send_all(&client.connection, &reply.encode()).is_ok()
+            }
+            None => false,
         };
-        let mut reply = [0u8; REPLY_LEN];
-        reply[4..].copy_from_slice(&data);
-        if send_with_fd(&connection, &reply, pool_fd).is_err() {
-            allocator.lease_ended(base, &secret);
-            return;
+        if sent && !client.leases.is_empty() {
+            self.clients.push(client);
+        } else {
+            client.end(allocator);
         }
-        self.leases.push(Lease { connection, base, secret });
+    }
+
+    /// A lease on the handle's block for `client` and its answer (the pool's
+    /// descriptor with it if the connection has not had it): whether it was sent.
+    fn grant(&mut self, allocator: &Allocator, client: &mut Client, handle: &IpcHandle) -> bool {
+        let Some(block) = allocator.lease(handle.base, &handle.secret) else {
+            return send_all(&client.connection, &Reply::REFUSED.encode()).is_ok();
+        };
+        let Some((pool, fd, data)) = self.pools.export_block(allocator, handle.base, block.device, block.size) else {
+            allocator.lease_ended(handle.base, &handle.secret);
+            return send_all(&client.connection, &Reply::REFUSED.encode()).is_ok();
+        };
+        let fd = (!client.pools_sent.contains(&pool)).then_some(fd);
+        if send_with_fd(&client.connection, &Reply { status: 0, pool, data }.encode(), fd).is_err() {
+            allocator.lease_ended(handle.base, &handle.secret);
+            return false;
+        }
+        client.pools_sent.insert(pool);
+        *client.leases.entry((handle.base, handle.secret)).or_insert(0) += 1;
+        true
     }
 }
 
 enum Received {
     All,
     Partly,
-    /// Closed before the end, or broken.
+    /// Closed, or broken.
     Failed,
 }
 
-/// Reads what has come of a request, without waiting.
-fn receive(request: &mut Request) -> Received {
+/// Reads what has come of a request, without waiting, and never past its
+/// end: a connection that sends more than one request at a time is read one
+/// request a step, and its replies, unread, soon fail to fit.
+fn receive(client: &mut Client, now: Instant) -> Received {
     loop {
-        match request.connection.read(&mut request.bytes[request.received..]) {
+        match client.connection.read(&mut client.bytes[client.received..]) {
             Ok(0) => return Received::Failed,
             Ok(n) => {
-                request.received += n;
-                if request.received == request.bytes.len() {
+                client.deadline.get_or_insert(now + REQUEST_TIMEOUT);
+                client.received += n;
+                if client.received == REQUEST_LEN {
                     return Received::All;
                 }
             }
@@ -398,68 +447,56 @@ fn receive(request: &mut Request) -> Received {
     }
 }
 
-/// Whether a lease is over: its importer closed it (or exited), or sent
-/// something, which the protocol never has it do after its request. One
-/// large read: a flood costs the server one step, not one per few bytes.
-fn lease_over(connection: &mut UnixStream) -> bool {
-    let mut bytes = [0u8; 4096];
-    loop {
-        match connection.read(&mut bytes) {
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
-            Ok(_) => return true,
-        }
-    }
+/// The pools the server exported, by pool.
+struct ExportedPools {
+    by_pool: HashMap<Pool, ExportedPool>,
+    /// The next pool's id: ids are never reused, so an importer's pool of an
+    /// earlier context is never taken for a new one.
+    next_id: u64,
 }
-
-/// The reply: status (0: granted), then, if granted, the block's export
-/// data; the pool's descriptor travels alongside.
-pub(super) const REPLY_LEN: usize = 4 + 64;
 
 /// A pool as the server exported it: the descriptor serves only while the
 /// device's context is the one it was exported in (a reset destroys the
 /// pool, and a new one may have the same handle value).
 struct ExportedPool {
+    id: u64,
     device: i32,
     context_id: u64,
     fd: OwnedFd,
 }
 
-/// The pool's descriptor (exported once per pool, before any of its blocks)
-/// and the block's export data.
-fn export_block(
-    allocator: &Allocator,
-    base: u64,
-    device: i32,
-    size: u64,
-    pool_fds: &mut HashMap<Pool, ExportedPool>,
-) -> Option<(RawFd, PointerExport)> {
-    let driver = driver::loaded()?;
-    let (pool, context, context_id) = allocator.shareable_pool(device, size)?;
-    let exported = driver.with_context(context, || -> Result<_, crate::cuda::gpu::CuError> {
-        // The pool first: the driver exports blocks only of a pool already
-        // shared (measured: the block's export refuses with invalid value before).
-        let fd = match pool_fds.get(&pool).filter(|exported| exported.context_id == context_id) {
-            Some(exported) => exported.fd.as_raw_fd(),
-            None => {
-                // The driver's descriptor comes without close-on-exec; `export_pool` sets it
-                // at once (no call makes that atomic). A fork waits for this step, so no
-                // fork-and-exec child inherits it; a posix_spawn in another thread may.
-                let fd = driver.export_pool(pool)?;
-                let raw = fd.as_raw_fd();
-                // The device's pools of an earlier context are gone: their descriptors close.
-                pool_fds.retain(|_, exported| exported.device != device || exported.context_id == context_id);
-                pool_fds.insert(pool, ExportedPool { device, context_id, fd });
-                raw
+impl ExportedPools {
+    /// The block's pool (its id and descriptor, exported once per pool and
+    /// context) and the block's export data.
+    fn export_block(&mut self, allocator: &Allocator, base: u64, device: i32, size: u64) -> Option<(u64, RawFd, PointerExport)> {
+        let driver = driver::loaded()?;
+        let (pool, context, context_id) = allocator.shareable_pool(device, size)?;
+        let exported = driver.with_context(context, || -> Result<_, crate::cuda::gpu::CuError> {
+            // The pool first: the driver exports blocks only of a pool already
+            // shared (measured: the block's export refuses with invalid value before).
+            let (id, fd) = match self.by_pool.get(&pool).filter(|exported| exported.context_id == context_id) {
+                Some(exported) => (exported.id, exported.fd.as_raw_fd()),
+                None => {
+                    // The driver's descriptor comes without close-on-exec; `export_pool` sets it
+                    // at once (no call makes that atomic). A fork waits for this step, so no
+                    // fork-and-exec child inherits it; a posix_spawn in another thread may.
+                    let fd = driver.export_pool(pool)?;
+                    let (id, raw) = (self.next_id, fd.as_raw_fd());
+                    self.next_id += 1;
+                    // The device's pools of an earlier context are gone: their descriptors close.
+                    self.by_pool.retain(|_, exported| exported.device != device || exported.context_id == context_id);
+                    self.by_pool.insert(pool, ExportedPool { id, device, context_id, fd });
+                    (id, raw)
+                }
+            };
+            Ok((id, fd, driver.export_pointer(base)?))
+        });
+        match exported {
+            Ok(Ok(found)) => Some(found),
+            Ok(Err(e)) | Err(e) => {
+                log::warn!("CUDA IPC: exporting the block at {base:#x} failed: {e:?}");
+                None
             }
-        };
-        Ok((fd, driver.export_pointer(base)?))
-    });
-    match exported {
-        Ok(Ok(found)) => Some(found),
-        Ok(Err(e)) | Err(e) => {
-            log::warn!("CUDA IPC: exporting the block at {base:#x} failed: {e:?}");
-            None
         }
     }
 }
@@ -478,66 +515,4 @@ fn peer_uid(connection: &UnixStream) -> Option<u32> {
         )
     };
     (rc == 0).then_some(credentials.uid)
-}
-
-/// Writes all of `bytes` without the SIGPIPE a write to a closed socket
-/// raises (which would end the program: the shim runs inside it).
-pub(super) fn send_all(connection: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
-    while !bytes.is_empty() {
-        // SAFETY: sends from a live slice on a live socket.
-        let n = unsafe { libc::send(connection.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let error = std::io::Error::last_os_error();
-            if error.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        bytes = &bytes[n as usize..];
-    }
-    Ok(())
-}
-
-fn send_with_fd(connection: &UnixStream, bytes: &[u8], fd: RawFd) -> std::io::Result<()> {
-    let iov = [IoSlice::new(bytes)];
-    let mut control = [0u64; 4]; // CMSG_SPACE(sizeof(int)), aligned
-    // SAFETY: msghdr is plain data; the control buffer holds one int's cmsg.
-    unsafe {
-        let mut message: libc::msghdr = std::mem::zeroed();
-        message.msg_iov = iov.as_ptr() as *mut libc::iovec;
-        message.msg_iovlen = 1;
-        message.msg_control = control.as_mut_ptr().cast();
-        message.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
-        let header = libc::CMSG_FIRSTHDR(&message);
-        (*header).cmsg_level = libc::SOL_SOCKET;
-        (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
-        if libc::sendmsg(connection.as_raw_fd(), &message, libc::MSG_NOSIGNAL) != bytes.len() as isize {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// Receives the reply and the descriptor sent with it (if any).
-pub(super) fn receive_with_fd(connection: &UnixStream, bytes: &mut [u8; REPLY_LEN]) -> std::io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = [IoSliceMut::new(bytes)];
-    let mut control = [0u64; 4];
-    // SAFETY: msghdr is plain data; the kernel writes at most the buffers' lengths.
-    unsafe {
-        let mut message: libc::msghdr = std::mem::zeroed();
-        message.msg_iov = iov.as_mut_ptr().cast();
-        message.msg_iovlen = 1;
-        message.msg_control = control.as_mut_ptr().cast();
-        message.msg_controllen = std::mem::size_of_val(&control);
-        let n = libc::recvmsg(connection.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL);
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let header = libc::CMSG_FIRSTHDR(&message);
-        let fd = (!header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS)
-            .then(|| OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>())));
-        Ok((n as usize, fd))
-    }
 }

@@ -10,6 +10,7 @@ pub mod guard;
 pub mod hooks;
 pub mod ipc;
 pub mod ipc_server;
+mod ipc_wire;
 pub mod pointer_queries;
 pub mod process;
 pub mod runtime_door;

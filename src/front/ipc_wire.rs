@@ -1,0 +1,161 @@
+//! The messages of the shim's IPC protocol, and the socket calls both sides
+//! send and receive them with. An importer holds one connection per exporter
+//! and device; over it, one request at a time, each answered before the next:
+//!
+//! - request, 68 bytes: op (u32: 1 open a lease, 2 close one), the handle (64 bytes);
+//! - reply, 76 bytes: status (u32: 0 done, 1 refused), the pool's id (u64), the
+//!   block's export data (64 bytes; zeros for a close). A granted open whose pool
+//!   the connection has not had yet carries the pool's descriptor (`SCM_RIGHTS`).
+//!
+//! All integers little-endian.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use crate::core::shared_blocks::IpcHandle;
+use crate::cuda::driver::PointerExport;
+
+pub(super) const REQUEST_LEN: usize = 4 + 64;
+pub(super) const REPLY_LEN: usize = 4 + 8 + 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Op {
+    /// A lease on the handle's block: the reply names its pool and carries its export data.
+    Open = 1,
+    /// The end of this connection's lease on the handle's block.
+    Close = 2,
+}
+
+pub(super) fn encode_request(op: Op, handle: &IpcHandle) -> [u8; REQUEST_LEN] {
+    let mut bytes = [0u8; REQUEST_LEN];
+    bytes[..4].copy_from_slice(&(op as u32).to_le_bytes());
+    bytes[4..].copy_from_slice(&handle.encode());
+    bytes
+}
+
+/// The request, if `bytes` are one (anything else breaks the protocol).
+pub(super) fn decode_request(bytes: &[u8; REQUEST_LEN]) -> Option<(Op, IpcHandle)> {
+    let op = match u32::from_le_bytes(bytes[..4].try_into().ok()?) {
+        1 => Op::Open,
+        2 => Op::Close,
+        _ => return None,
+    };
+    Some((op, IpcHandle::decode(bytes[4..].try_into().ok()?)?))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Reply {
+    /// 0: granted (open) or ended (close); otherwise refused.
+    pub status: u32,
+    /// The exporter's id of the block's pool: the importer imports each pool once per connection.
+    pub pool: u64,
+    pub data: PointerExport,
+}
+
+impl Reply {
+    pub(super) const REFUSED: Reply = Reply { status: 1, pool: 0, data: [0; 64] };
+    pub(super) const DONE: Reply = Reply { status: 0, pool: 0, data: [0; 64] };
+
+    pub(super) fn encode(&self) -> [u8; REPLY_LEN] {
+        let mut bytes = [0u8; REPLY_LEN];
+        bytes[..4].copy_from_slice(&self.status.to_le_bytes());
+        bytes[4..12].copy_from_slice(&self.pool.to_le_bytes());
+        bytes[12..].copy_from_slice(&self.data);
+        bytes
+    }
+
+    pub(super) fn decode(bytes: &[u8; REPLY_LEN]) -> Reply {
+        let mut status = [0u8; 4];
+        let mut pool = [0u8; 8];
+        let mut data = [0u8; 64];
+        status.copy_from_slice(&bytes[..4]);
+        pool.copy_from_slice(&bytes[4..12]);
+        data.copy_from_slice(&bytes[12..]);
+        Reply { status: u32::from_le_bytes(status), pool: u64::from_le_bytes(pool), data }
+    }
+}
+
+/// Writes all of `bytes` without the SIGPIPE a write to a closed socket
+/// raises (which would end the program: the shim runs inside it).
+pub(super) fn send_all(connection: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: sends from a live slice on a live socket.
+        let n = unsafe { libc::send(connection.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
+/// Sends `bytes` in one message, with `fd` alongside if given.
+pub(super) fn send_with_fd(connection: &UnixStream, bytes: &[u8], fd: Option<RawFd>) -> std::io::Result<()> {
+    let Some(fd) = fd else { return send_all(connection, bytes) };
+    let iov = [IoSlice::new(bytes)];
+    let mut control = [0u64; 4]; // CMSG_SPACE(sizeof(int)), aligned
+    // SAFETY: msghdr is plain data; the control buffer holds one int's cmsg.
+    unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+        let header = libc::CMSG_FIRSTHDR(&message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+        if libc::sendmsg(connection.as_raw_fd(), &message, libc::MSG_NOSIGNAL) != bytes.len() as isize {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Receives a reply and the descriptor sent with it (if any); the count of
+/// bytes is short if the connection closed or the read timed out first.
+pub(super) fn receive_with_fd(connection: &UnixStream, bytes: &mut [u8; REPLY_LEN]) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = [IoSliceMut::new(bytes)];
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain data; the kernel writes at most the buffers' lengths.
+    unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = iov.as_mut_ptr().cast();
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = std::mem::size_of_val(&control);
+        let n = libc::recvmsg(connection.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let header = libc::CMSG_FIRSTHDR(&message);
+        let fd = (!header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS)
+            .then(|| OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>())));
+        Ok((n as usize, fd))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_survive_their_bytes_and_other_bytes_are_no_request() {
+        let handle = IpcHandle { pid: 7, endpoint: 0xfeed, base: 0x7f00_0000_1000, secret: [3; 32] };
+        for op in [Op::Open, Op::Close] {
+            assert_eq!(decode_request(&encode_request(op, &handle)), Some((op, handle)));
+        }
+        let mut unknown = encode_request(Op::Open, &handle);
+        unknown[0] = 3;
+        assert_eq!(decode_request(&unknown), None);
+        assert_eq!(decode_request(&[0; REQUEST_LEN]), None);
+        let reply = Reply { status: 0, pool: 0x0102_0304_0506_0708, data: [9; 64] };
+        assert_eq!(Reply::decode(&reply.encode()), reply);
+    }
+}
