@@ -80,7 +80,7 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork pitch pinned ipc ipc_server pointer_queries)
+  fork pitch pinned ipc ipc_server ipc_leases pointer_queries)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -535,6 +535,36 @@ the exporter's CPU time under 0.5 s: yes
 the block freed once the lease ended: yes"
 ipc_server_case "an exporter killed and not reaped: 400 at once" killed 'open the handle of a killed exporter not reaped yet: 400'
 ipc_server_case "an exporter killed with a forked child alive: 400 at once" forked 'open the handle of a killed exporter whose forked child lives: 400'
+
+# Many leases over one connection, descriptors limited to 1024 in both
+# processes (ipc_leases.c, one case each; under the shim only).
+ipc_leases_case() { # name case expected-stdout
+  local name="ipc leases: $1"
+  wanted "$name" || return 0
+  next_key
+  run shim "$KEY" "$BIN/ipc_leases" IPC_LEASES_CASE="$2"
+  if [ "$(rc_of "$KEY")" = 0 ] && [ "$(grep -v '^# ' "$RUNS/$KEY.out")" = "$3" ] && [ ! -s "$RUNS/$KEY.err" ]; then
+    pass "$name"
+  else
+    { explain "$KEY" shim >/dev/null; cat "$RUNS/$KEY.why"; echo "stdout:"; cat "$RUNS/$KEY.out"; } >"$RUNS/$KEY.whyall"
+    fail "$name" "$RUNS/$KEY.whyall"
+  fi
+}
+ipc_leases_case "5,000 handles of one exporter cost neither process a descriptor each" many "all 5000 handles opened under a limit of 1024 descriptors: yes
+the importer's descriptors stay bounded: yes
+the exporter's descriptors stay bounded: yes
+both can still open files: yes
+the blocks freed while open are held: yes
+all handles closed: yes
+every block freed to the pool once closed: yes"
+ipc_leases_case "an importer killed with 2,000 leases open: every block freed" killed "the importer opened all 2000 handles: yes
+the blocks freed while open are held: yes
+every block freed once the importer was killed: yes"
+ipc_leases_case "two threads opening and closing handles of one exporter at once lose nothing" threads "every open and close of two threads at once succeeded: yes
+both threads got the same address for a handle both opened: yes
+the importer's descriptors stay bounded: yes
+every block held while open: yes
+every block freed once closed: yes"
 
 # A forked child reports to files of its own (<path>.<pid>), with its own
 # header; no event is written by both processes. fork.c: the parent's blocks
