@@ -7,12 +7,16 @@
 //! (front/ipc_server.rs): one thread listening on a Unix socket in a
 //! directory only this user can enter.
 //!
-//! Import (`cuIpcOpenMemHandle`): the importer connects to the exporter's
-//! socket and presents the handle; the server checks the peer's user and the
-//! secret, takes a lease on the block and answers with the pool's shareable
-//! file descriptor (`SCM_RIGHTS`) and the block's export data; the importer
-//! imports the pool and the pointer. The connection stays open as the lease:
-//! the close (`cuIpcCloseMemHandle`), or the importer's exit, ends it.
+//! Import (`cuIpcOpenMemHandle`): the importer holds one connection (a
+//! link) per exporter and device of its own, whatever the number of handles
+//! (front/ipc_wire.rs has the messages). Over it, it presents the handle;
+//! the server (which checked the peer's user at the accept) checks the
+//! secret, takes a lease on the block and answers with the block's export
+//! data, and with the pool's shareable file descriptor (`SCM_RIGHTS`) the
+//! first time the link needs it; the importer imports the pool (once per
+//! link, its descriptor then closed) and the pointer. The last close
+//! (`cuIpcCloseMemHandle`) ends the lease by a message; the link's end (its
+//! last lease closed, or the importer's exit) ends all of its leases.
 //!
 //! The runtime's `cudaIpcOpenMemHandle` and `cudaIpcCloseMemHandle` reach
 //! these through the driver entry points the shim hands out (shared and
