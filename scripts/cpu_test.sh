@@ -637,17 +637,46 @@ refused_output "SOMA_STATS: a symbolic link is not followed, the table goes to s
 refused_output "SOMA_STATS=/dev/full: not a regular file, the table goes to stderr" SOMA_STATS /dev/full \
   "not a regular file" 'grep -q "^somashim statistics" "$RUNS/$KEY.err"'
 # What another user may plant: a symbolic link to a directory of the user's
-# earlier in the path, a hard link to a file of the user's, a file of their
-# own (which would stay readable to them); and a device.
+# earlier in the path (one the user made is followed), a hard link to a file
+# of the user's, a file of their own (which would stay readable to them); and a device.
 mkdir "$OUTS/real"
-echo keep >"$OUTS/real/victim"
 ln -s real "$OUTS/dir-link"
-DIR_LINK_REFUSED="a directory on its path is a symbolic link, which is not followed"
-refused_output "SOMA_STATS: a symbolic link to a directory on the path is not followed" SOMA_STATS \
-  "$OUTS/dir-link/victim" "$DIR_LINK_REFUSED" \
-  '[ "$(cat "$OUTS/real/victim")" = keep ] && grep -q "^somashim statistics" "$RUNS/$KEY.err"'
-refused_output "SOMA_TRACE: nothing is created through a symbolic link to a directory" SOMA_TRACE \
-  "$OUTS/dir-link/new.csv" "$DIR_LINK_REFUSED" '[ ! -e "$OUTS/real/new.csv" ]'
+if wanted "SOMA_STATS: the user's symbolic link to a directory is followed"; then
+  next_key
+  run shim "$KEY" "$BIN/callers" "SOMA_STATS=$OUTS/dir-link/followed.stats"
+  problems=()
+  [ "$(rc_of "$KEY")" = 0 ] && [ ! -s "$RUNS/$KEY.err" ] || problems+=("exit status $(rc_of "$KEY"), stderr: $(head -c 300 "$RUNS/$KEY.err")")
+  grep -q '^somashim statistics' "$OUTS/real/followed.stats" || problems+=("no table in real/followed.stats")
+  checked "SOMA_STATS: the user's symbolic link to a directory is followed" "${problems[@]}"
+fi
+mkdir -m 777 "$OUTS/shared"
+ln -s ../real "$OUTS/shared/dir-link"
+refused_output "SOMA_TRACE: nothing is created through a directory link in a directory others may write" SOMA_TRACE \
+  "$OUTS/shared/dir-link/new.csv" "a symbolic link in a directory that others may write, which is not followed" \
+  '[ ! -e "$OUTS/real/new.csv" ]'
+if [ "$(id -u)" = 0 ]; then
+  mkdir -m 1777 "$OUTS/sticky"
+  echo keep >"$OUTS/real/victim"
+  ln -s ../real "$OUTS/sticky/dir-link"
+  chown -h 65534 "$OUTS/sticky/dir-link"
+  refused_output "SOMA_STATS: another user's directory link in a sticky directory is not followed" SOMA_STATS \
+    "$OUTS/sticky/dir-link/victim" "a symbolic link of another user (uid 65534), which is not followed" \
+    '[ "$(cat "$OUTS/real/victim")" = keep ] && grep -q "^somashim statistics" "$RUNS/$KEY.err"'
+elif wanted "SOMA_STATS: another user's directory link"; then
+  echo "SKIP SOMA_STATS: another user's directory link in a sticky directory (giving a link to uid 65534 needs root)"
+fi
+refused_output "SOMA_STATS: a path ending in / names a directory, the table goes to stderr" SOMA_STATS "$OUTS/real/" \
+  "the path names a directory (it ends in '/'), not a file" 'grep -q "^somashim statistics" "$RUNS/$KEY.err"'
+if wanted "SOMA_STATS=/dev/stderr: the table on stderr"; then
+  next_key
+  run shim "$KEY" "$BIN/callers" SOMA_STATS=/dev/stderr SOMA_TRACE=/dev/stdout
+  problems=()
+  [ "$(rc_of "$KEY")" = 0 ] || problems+=("exit status $(rc_of "$KEY"), want 0")
+  ! grep -q 'somashim: ' "$RUNS/$KEY.err" || problems+=("a warning: $(grep -m1 'somashim: ' "$RUNS/$KEY.err")")
+  [ "$(grep -c '^somashim statistics' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one table on stderr")
+  grep -qx "time_us,device,op,size,ptr,in_use,reserved" "$RUNS/$KEY.out" || problems+=("no trace header on stdout")
+  checked "SOMA_STATS=/dev/stderr: the table on stderr, SOMA_TRACE=/dev/stdout: the trace on stdout" "${problems[@]}"
+fi
 echo keep >"$OUTS/linked"
 ln "$OUTS/linked" "$OUTS/hard-link"
 refused_output "SOMA_TRACE: a file with another hard link is refused untouched" SOMA_TRACE "$OUTS/hard-link" \

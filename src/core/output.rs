@@ -3,25 +3,49 @@
 //!
 //! The shim runs inside someone else's program, often with more rights than
 //! the person who set the variable expected, in directories (`/tmp`) where
-//! other users may have planted names first. So no component of a path is
-//! followed through a symbolic link, and only a regular file of the process's
-//! own (effective) user with no other hard link is written: anything else may
-//! be another user's file, or readable by them. A FIFO must not block the
-//! program and a device is not ours to fill; a file the shim creates is
-//! readable by its owner alone.
+//! other users may have planted names first. So a directory on the path is
+//! reached through a symbolic link only where no other user could have put
+//! the link there, the last component never is, and only a regular file of
+//! the process's own (effective) user with no other hard link is written:
+//! anything else may be another user's file, or readable by them. A FIFO
+//! must not block the program and a device is not ours to fill; a file the
+//! shim creates is readable by its owner alone. `/dev/stdout`, `/dev/stderr`
+//! and `/dev/fd/N` name the program's own streams, written as they are.
 
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::fs::{File, Metadata};
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::absolute;
 
+/// Symbolic links followed on one path at most, as the kernel allows.
+const MAX_LINKS: usize = 40;
+
+/// A file opened by `create`.
+#[derive(Debug)]
+pub struct Opened {
+    pub file: File,
+    /// An inherited descriptor (`/dev/stderr`): written in order, never
+    /// truncated or positioned.
+    pub stream: bool,
+}
+
 /// `path`, created (mode 0600) or truncated, for writing; refused (an error
 /// saying why, nothing truncated) unless it is a regular file of this user's
-/// with one link, reached through no symbolic link.
-pub fn create(path: &str) -> io::Result<File> {
+/// with one link, reached through no symbolic link another user could have
+/// planted. A stream of the program's (`/dev/stderr`) is a copy of its descriptor.
+pub fn create(path: &str) -> io::Result<Opened> {
+    if let Some(fd) = inherited(path) {
+        // SAFETY: fcntl with F_DUPFD_CLOEXEC reads no memory; a closed `fd` gives EBADF.
+        let copy = owned(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }.into())
+            .map_err(|e| io::Error::other(format!("the program's descriptor {fd} is not open ({e})")))?;
+        return Ok(Opened { file: File::from(copy), stream: true });
+    }
+    if path.ends_with('/') {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the path names a directory (it ends in '/'), not a file"));
+    }
     let (dir, name) = match path.rsplit_once('/') {
         Some(("", name)) => ("/", name),
         Some(split) => split,
@@ -49,7 +73,19 @@ pub fn create(path: &str) -> io::Result<File> {
     writable(&file.metadata()?)?;
     // Truncated only now: no O_TRUNC, which would empty a refused file.
     file.set_len(0)?;
-    Ok(file)
+    Ok(Opened { file, stream: false })
+}
+
+/// The descriptor `path` names when it is one of the program's own:
+/// `/dev/stdout`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`.
+pub fn inherited(path: &str) -> Option<RawFd> {
+    let number = match path {
+        "/dev/stdout" => return Some(1),
+        "/dev/stderr" => return Some(2),
+        _ => path.strip_prefix("/dev/fd/").or_else(|| path.strip_prefix("/proc/self/fd/"))?,
+    };
+    // Digits only: `parse` would also take `+1`.
+    number.bytes().all(|b| b.is_ascii_digit()).then(|| number.parse().ok()).flatten()
 }
 
 /// Why a file at the end of the path may not be written, if it may not.
@@ -73,17 +109,17 @@ fn symbolic_link() -> io::Error {
     io::Error::other("it is a symbolic link, which is not followed")
 }
 
-fn directory_link() -> io::Error {
-    io::Error::other("a directory on its path is a symbolic link, which is not followed")
+fn planted_link(why: &str) -> io::Error {
+    io::Error::other(format!("a directory on its path is a symbolic link {why}, which is not followed"))
 }
 
 fn c_string(text: &str) -> io::Result<CString> {
     CString::new(text).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"))
 }
 
-/// The directory `dir` (`O_PATH`: searching it needs no read permission),
-/// resolved through no symbolic link: by `openat2` where the kernel has it
-/// (Linux 5.6), else `walk`.
+/// The directory `dir` (`O_PATH`: searching it needs no read permission):
+/// by `openat2` where the kernel has it (Linux 5.6) and no link is on the
+/// way, else by `walk`, which follows only links no other user could have made.
 fn directory(dir: &str) -> io::Result<OwnedFd> {
     let path = c_string(dir)?;
     // SAFETY: open_how is three integers; all-zero asks for nothing.
@@ -95,33 +131,82 @@ fn directory(dir: &str) -> io::Result<OwnedFd> {
     let fd = unsafe { libc::syscall(libc::SYS_openat2, libc::AT_FDCWD, path.as_ptr(), &raw const how, size) };
     match owned(fd) {
         // ENOSYS: an older kernel; EPERM: a seccomp filter that does not know
-        // it; E2BIG: a kernel that does not know this open_how.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM | libc::E2BIG)) => walk(dir),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(directory_link()),
+        // it; E2BIG: a kernel that does not know this open_how; ELOOP and
+        // EXDEV: a symbolic link on the way, for `walk` to judge.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM | libc::E2BIG | libc::ELOOP | libc::EXDEV)) => {
+            walk(dir)
+        }
         result => result,
     }
 }
 
-/// `directory` without openat2: one component at a time, each opened in the
-/// one before it and looked at before it is used, so that no link is followed.
+/// `directory` one component at a time, each opened in the one before it and
+/// looked at before it is used. A symbolic link is followed only if `trusted`.
 fn walk(dir: &str) -> io::Result<OwnedFd> {
-    let start = if dir.starts_with('/') { c"/" } else { c"." };
-    let mut fd = open_at(libc::AT_FDCWD, start, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC, 0)?;
-    for name in dir.split('/').filter(|name| !name.is_empty() && *name != ".") {
-        let name = c_string(name)?;
-        // Without O_DIRECTORY, which would fail a link as "not a directory"
-        // and hide the reason.
-        let next = File::from(open_at(fd.as_raw_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0)?);
-        let kind = next.metadata()?.file_type();
-        if kind.is_symlink() {
-            return Err(directory_link());
+    let start = |at: &CStr| open_at(libc::AT_FDCWD, at, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC, 0);
+    let root = || start(c"/");
+    let mut fd = if dir.starts_with('/') { root()? } else { start(c".")? };
+    // The components still to resolve, the next one last.
+    let mut left: Vec<String> = dir.split('/').rev().map(String::from).collect();
+    let mut links = 0;
+    while let Some(name) = left.pop() {
+        if name.is_empty() || name == "." {
+            continue;
         }
-        if !kind.is_dir() {
+        let name = c_string(&name)?;
+        // Without O_DIRECTORY, which would fail a link as "not a directory".
+        let next = File::from(open_at(fd.as_raw_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0)?);
+        let meta = next.metadata()?;
+        if meta.file_type().is_symlink() {
+            trusted(&meta, &File::from(fd.try_clone()?).metadata()?)?;
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            let target = link_target(next.as_fd())?;
+            if target.starts_with('/') {
+                fd = root()?;
+            }
+            left.extend(target.split('/').rev().map(String::from));
+            continue;
+        }
+        if !meta.is_dir() {
             return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
         }
         fd = next.into();
     }
     Ok(fd)
+}
+
+/// Whether the symbolic link `link`, in the directory `holder`, may be
+/// followed: as the kernel's fs.protected_symlinks judges, it must be root's
+/// or this user's, in a directory others cannot write or that is sticky (where
+/// they cannot replace it).
+fn trusted(link: &Metadata, holder: &Metadata) -> io::Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let user = unsafe { libc::geteuid() };
+    if link.uid() != 0 && link.uid() != user {
+        return Err(planted_link(&format!("of another user (uid {})", link.uid())));
+    }
+    let mode = holder.mode();
+    if mode & libc::S_IWOTH != 0 && mode & libc::S_ISVTX == 0 {
+        return Err(planted_link("in a directory that others may write"));
+    }
+    Ok(())
+}
+
+/// What the symbolic link open (`O_PATH | O_NOFOLLOW`) at `link` points to:
+/// read from the descriptor, the very link that was judged.
+fn link_target(link: BorrowedFd) -> io::Result<String> {
+    let mut buffer = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `link` is open, "" is NUL-terminated (the descriptor itself is
+    // read), and `buffer` has the length passed.
+    let length = unsafe { libc::readlinkat(link.as_raw_fd(), c"".as_ptr(), buffer.as_mut_ptr().cast(), buffer.len()) };
+    if length < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buffer.truncate(length as usize);
+    String::from_utf8(buffer).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a symbolic link on the path is not UTF-8"))
 }
 
 /// `openat(dir, name, flags, mode)`.
@@ -144,6 +229,10 @@ fn owned(fd: libc::c_long) -> io::Result<OwnedFd> {
 /// (`./out` and `$PWD//out`), or one existing file (a hard link, a directory
 /// reached through a link).
 pub fn same_file(a: &str, b: &str) -> bool {
+    // A stream is written in order: one shared with the other file interleaves, replaces nothing.
+    if inherited(a).is_some() || inherited(b).is_some() {
+        return inherited(a) == inherited(b);
+    }
     if absolute(a).is_ok_and(|a| absolute(b).is_ok_and(|b| a == b)) {
         return true;
     }
@@ -161,9 +250,12 @@ pub fn warn(message: fmt::Arguments) {
 }
 
 /// `path` as a forked child writes it: `<path>.<pid>`, so that parent and
-/// child never share a file.
+/// child never share a file; a stream they share already stays as it is.
 pub fn in_child(path: &str, pid: u32) -> String {
-    format!("{path}.{pid}")
+    match inherited(path) {
+        Some(_) => path.to_string(),
+        None => format!("{path}.{pid}"),
+    }
 }
 
 #[cfg(test)]
@@ -238,27 +330,85 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_on_the_path_is_not_followed_through_a_symbolic_link() {
+    fn a_directory_link_of_this_user_is_followed() {
         let dir = scratch("dirlink");
         let real = dir.join("real");
         std::fs::create_dir_all(real.join("sub")).unwrap();
-        std::fs::write(real.join("sub/victim"), "keep").unwrap();
         std::os::unix::fs::symlink(&real, dir.join("link")).unwrap();
-        let refused = "a directory on its path is a symbolic link, which is not followed";
-        for path in ["link/sub/victim", "link/sub/new", "link/new"] {
-            let e = create(text(&dir.join(path))).unwrap_err();
-            assert_eq!(e.to_string(), refused, "{path}");
+        std::os::unix::fs::symlink("real/sub", dir.join("relative")).unwrap();
+        std::os::unix::fs::symlink("link", dir.join("chained")).unwrap();
+        for (path, made) in [("link/sub/a", "sub/a"), ("link/b", "b"), ("relative/c", "sub/c"), ("chained/sub/../d", "d")] {
+            drop(create(text(&dir.join(path))).unwrap_or_else(|e| panic!("{path}: {e}")));
+            assert!(real.join(made).is_file(), "{path} made {made}");
         }
-        assert_eq!(std::fs::read(real.join("sub/victim")).unwrap(), b"keep", "the file beyond is not truncated");
-        assert!(!real.join("sub/new").exists() && !real.join("new").exists(), "nothing is created beyond the link");
-        drop(create(text(&real.join("sub/new"))).unwrap());
-        // The walk, for kernels without openat2, refuses the same paths.
-        assert_eq!(walk(text(&dir.join("link/sub"))).unwrap_err().to_string(), refused);
-        assert_eq!(walk(text(&dir.join("link"))).unwrap_err().to_string(), refused);
-        let e = walk(text(&real.join("sub/victim"))).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR), "{e}");
-        let walked = File::from(walk(&format!("{}/./real//sub/../sub", dir.display())).unwrap()).metadata().unwrap();
+        // The walk, which openat2 leaves links to, resolves the same way.
+        let walked = File::from(walk(&format!("{}/./chained//sub/../sub", dir.display())).unwrap()).metadata().unwrap();
         assert_eq!(walked.ino(), std::fs::metadata(real.join("sub")).unwrap().ino());
+        let e = walk(text(&real.join("sub/a"))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR), "{e}");
+        std::os::unix::fs::symlink("loop", dir.join("loop")).unwrap();
+        assert_eq!(walk(text(&dir.join("loop"))).unwrap_err().raw_os_error(), Some(libc::ELOOP));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_link_others_could_have_planted_is_refused() {
+        let dir = scratch("planted");
+        let real = dir.join("real");
+        std::fs::create_dir(&real).unwrap();
+        let shared = dir.join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::os::unix::fs::symlink(&real, shared.join("link")).unwrap();
+        let e = create(text(&shared.join("link/new"))).unwrap_err();
+        let refused = "a directory on its path is a symbolic link in a directory that others may write, which is not followed";
+        assert_eq!(e.to_string(), refused, "not sticky: anyone may have replaced it");
+        assert!(!real.join("new").exists());
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped for a link of another user: giving one to uid 65534 needs root");
+        } else {
+            let tmp = dir.join("tmp");
+            std::fs::create_dir(&tmp).unwrap();
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+            std::os::unix::fs::symlink(&real, tmp.join("link")).unwrap();
+            std::os::unix::fs::lchown(tmp.join("link"), Some(65534), None).unwrap();
+            let e = create(text(&tmp.join("link/new"))).unwrap_err();
+            let refused = "a directory on its path is a symbolic link of another user (uid 65534), which is not followed";
+            assert_eq!(e.to_string(), refused);
+            assert!(!real.join("new").exists());
+            std::os::unix::fs::lchown(tmp.join("link"), Some(0), None).unwrap();
+            drop(create(text(&tmp.join("link/new"))).unwrap());
+            assert!(real.join("new").is_file(), "root's link in a sticky directory is followed");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_programs_streams_are_written_as_they_are() {
+        assert_eq!(inherited("/dev/stdout"), Some(1));
+        assert_eq!(inherited("/dev/stderr"), Some(2));
+        assert_eq!(inherited("/dev/fd/17"), Some(17));
+        assert_eq!(inherited("/proc/self/fd/3"), Some(3));
+        for other in ["/dev/fd/", "/dev/fd/+1", "/dev/fd/1/x", "/dev/stdout2", "/proc/1/fd/1", "./dev/stdout"] {
+            assert_eq!(inherited(other), None, "{other}");
+        }
+        let opened = create("/dev/stderr").unwrap();
+        assert!(opened.stream);
+        assert_ne!(opened.file.as_raw_fd(), 2, "a copy, so the program's stays open");
+        assert_eq!(in_child("/dev/stdout", 42), "/dev/stdout");
+        assert!(same_file("/dev/stdout", "/dev/fd/1") && !same_file("/dev/stdout", "/dev/stderr"));
+        assert_eq!(in_child("/tmp/s", 42), "/tmp/s.42");
+        let e = create("/dev/fd/999999").unwrap_err();
+        assert!(e.to_string().starts_with("the program's descriptor 999999 is not open"), "{e}");
+    }
+
+    #[test]
+    fn a_path_ending_in_a_slash_names_a_directory() {
+        let dir = scratch("slash");
+        let e = create(&format!("{}/", dir.display())).unwrap_err();
+        assert_eq!(e.to_string(), "the path names a directory (it ends in '/'), not a file");
+        assert!(create(&format!("{}/absent/", dir.display())).unwrap_err().to_string().contains("names a directory"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -73,6 +73,8 @@ type Buffer = Arc<Mutex<Vec<u8>>>;
 /// The file, and how much of it holds whole rows.
 struct Output {
     file: File,
+    /// An inherited stream (`/dev/stdout`), written in order.
+    stream: bool,
     length: u64,
     warned: bool,
 }
@@ -87,9 +89,10 @@ impl Sink {
     /// A sink writing `path`, the header written; if the file cannot be
     /// made, a sink that counts every event as lost, and the error.
     fn create(path: String) -> (Sink, Option<std::io::Error>) {
-        let output = output::create(&path).and_then(|file| {
-            file.write_all_at(HEADER.as_bytes(), 0)?;
-            Ok(Output { file, length: HEADER.len() as u64, warned: false })
+        let output = output::create(&path).and_then(|opened| {
+            let output = Output { file: opened.file, stream: opened.stream, length: 0, warned: false };
+            output.write(HEADER.as_bytes())?;
+            Ok(Output { length: HEADER.len() as u64, ..output })
         });
         let (output, error) = match output {
             Ok(output) => (Some(output), None),
@@ -111,17 +114,29 @@ impl Sink {
 }
 
 impl Output {
+    /// Writes `bytes` after the whole rows.
+    fn write(&self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.stream {
+            (&self.file).write_all(bytes)
+        } else {
+            self.file.write_all_at(bytes, self.length)
+        }
+    }
+
     /// Writes `rows` at the end; false if they could not be, in which case
     /// none of them is left in the file.
     fn append(&mut self, rows: &[u8], path: &str) -> bool {
-        match self.file.write_all_at(rows, self.length) {
+        match self.write(rows) {
             Ok(()) => {
                 self.length += rows.len() as u64;
                 true
             }
             Err(e) => {
-                // Part of them may have been written: cut back to the last whole row.
-                let _ = self.file.set_len(self.length);
+                // Part of them may have been written: cut back to the last
+                // whole row (a stream cannot be).
+                if !self.stream {
+                    let _ = self.file.set_len(self.length);
+                }
                 if !std::mem::replace(&mut self.warned, true) {
                     output::warn(format_args!("writing the trace to {path} failed: {e}; events that do not fit are lost"));
                 }
@@ -235,7 +250,7 @@ mod tests {
         std::fs::write(&path, HEADER).unwrap();
         // A file open for reading only: every write fails.
         let file = File::open(&path).unwrap();
-        let output = Output { file, length: HEADER.len() as u64, warned: false };
+        let output = Output { file, stream: false, length: HEADER.len() as u64, warned: false };
         let sink = Sink {
             path: path.clone(),
             output: Mutex::new(Some(output)),

@@ -87,9 +87,9 @@ impl Allocator {
                     pid => output::in_child(path, pid),
                 };
                 let table = table();
-                let written = output::create(&path).and_then(|mut file| {
+                let written = output::create(&path).and_then(|mut opened| {
                     // A table cut short is worse than none: it goes, and stderr has it.
-                    file.write_all(table.as_bytes()).inspect_err(|_| {
+                    opened.file.write_all(table.as_bytes()).inspect_err(|_| {
                         let _ = std::fs::remove_file(&path);
                     })
                 });
