@@ -27,9 +27,39 @@ const MAX_LINKS: usize = 40;
 #[derive(Debug)]
 pub struct Opened {
     pub file: File,
+    /// The directory it was opened in and its name there, to remove that
+    /// file and no other; `None` for a stream of the program's.
+    place: Option<(OwnedFd, CString)>,
+}
+
+impl Opened {
     /// An inherited descriptor (`/dev/stderr`): written in order, never
-    /// truncated or positioned.
-    pub stream: bool,
+    /// truncated, positioned or removed.
+    pub fn stream(&self) -> bool {
+        self.place.is_none()
+    }
+
+    /// Removes the file's name, if it still names this file: resolving the
+    /// path again could reach another (a name or a directory replaced since).
+    pub fn remove(&self) -> io::Result<()> {
+        let Some((dir, name)) = &self.place else { return Ok(()) };
+        let mut now = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `dir` is open, `name` NUL-terminated, and `now` a stat to fill.
+        if unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), now.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fstatat succeeded, so it filled `now`.
+        let now = unsafe { now.assume_init() };
+        let file = self.file.metadata()?;
+        if (now.st_dev, now.st_ino) != (file.dev(), file.ino()) {
+            return Err(io::Error::other("its name now names another file, which is left"));
+        }
+        // SAFETY: as for fstatat; flags 0 removes a file, not a directory.
+        if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
 }
 
 /// `path`, created (mode 0600) or truncated, for writing; refused (an error
@@ -41,7 +71,7 @@ pub fn create(path: &str) -> io::Result<Opened> {
         // SAFETY: fcntl with F_DUPFD_CLOEXEC reads no memory; a closed `fd` gives EBADF.
         let copy = owned(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }.into())
             .map_err(|e| io::Error::other(format!("the program's descriptor {fd} is not open ({e})")))?;
-        return Ok(Opened { file: File::from(copy), stream: true });
+        return Ok(Opened { file: File::from(copy), place: None });
     }
     if path.ends_with('/') {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "the path names a directory (it ends in '/'), not a file"));
@@ -73,7 +103,7 @@ pub fn create(path: &str) -> io::Result<Opened> {
     writable(&file.metadata()?)?;
     // Truncated only now: no O_TRUNC, which would empty a refused file.
     file.set_len(0)?;
-    Ok(Opened { file, stream: false })
+    Ok(Opened { file, place: Some((dir, name)) })
 }
 
 /// The descriptor `path` names when it is one of the program's own:
@@ -293,6 +323,31 @@ mod tests {
     }
 
     #[test]
+    fn only_the_file_opened_is_removed() {
+        let dir = scratch("remove");
+        let path = dir.join("out");
+        create(text(&path)).unwrap().remove().unwrap();
+        assert!(!path.exists());
+        let opened = create(text(&path)).unwrap();
+        std::fs::write(dir.join("other"), "keep").unwrap();
+        std::fs::rename(dir.join("other"), &path).unwrap();
+        let e = opened.remove().unwrap_err();
+        assert_eq!(e.to_string(), "its name now names another file, which is left");
+        assert_eq!(std::fs::read(&path).unwrap(), b"keep");
+        // The directory renamed and another put at its path: the file is found where it was opened.
+        let sub = dir.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let opened = create(text(&sub.join("out"))).unwrap();
+        std::fs::rename(&sub, dir.join("moved")).unwrap();
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(sub.join("out"), "keep").unwrap();
+        opened.remove().unwrap();
+        assert!(!dir.join("moved/out").exists());
+        assert_eq!(std::fs::read(sub.join("out")).unwrap(), b"keep");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn one_file_under_two_paths_is_the_same_file() {
         let dir = scratch("same");
         let path = dir.join("out");
@@ -394,7 +449,8 @@ mod tests {
             assert_eq!(inherited(other), None, "{other}");
         }
         let opened = create("/dev/stderr").unwrap();
-        assert!(opened.stream);
+        assert!(opened.stream());
+        opened.remove().unwrap();
         assert_ne!(opened.file.as_raw_fd(), 2, "a copy, so the program's stays open");
         assert_eq!(in_child("/dev/stdout", 42), "/dev/stdout");
         assert!(same_file("/dev/stdout", "/dev/fd/1") && !same_file("/dev/stdout", "/dev/stderr"));

@@ -90,7 +90,7 @@ impl Sink {
     /// made, a sink that counts every event as lost, and the error.
     fn create(path: String) -> (Sink, Option<std::io::Error>) {
         let output = output::create(&path).and_then(|opened| {
-            let output = Output { file: opened.file, stream: opened.stream, length: 0, warned: false };
+            let output = Output { stream: opened.stream(), file: opened.file, length: 0, warned: false };
             output.write(HEADER.as_bytes())?;
             Ok(Output { length: HEADER.len() as u64, ..output })
         });

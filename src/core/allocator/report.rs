@@ -90,7 +90,7 @@ impl Allocator {
                 let written = output::create(&path).and_then(|mut opened| {
                     // A table cut short is worse than none: it goes, and stderr has it.
                     opened.file.write_all(table.as_bytes()).inspect_err(|_| {
-                        let _ = std::fs::remove_file(&path);
+                        let _ = opened.remove();
                     })
                 });
                 if let Err(e) = written {
