@@ -331,12 +331,25 @@ pub struct ForkPause {
     imports: MutexGuard<'static, Option<Imports>>,
 }
 
-/// Before `fork`: no server starting, no server step under way and no
-/// exchange of an import or close in progress (one holds `IMPORTS`
-/// across it), so the child inherits no IPC lock held by a thread it will
-/// not have, and no link in the middle of an exchange.
-pub fn before_fork() -> ForkPause {
-    ForkPause { _server: lock(&SERVER), served: lock(&SERVED), imports: lock(&IMPORTS) }
+/// The importer's lock, the first a fork takes.
+pub struct ImportsPause(MutexGuard<'static, Option<Imports>>);
+
+/// Before `fork`, first: no exchange of an import or close in progress (one
+/// holds `IMPORTS` across it, seconds at worst), so the child inherits no
+/// link in the middle of an exchange. Taken before any other of the shim's
+/// locks, so that while the fork waits here it holds none that the server
+/// thread, the reclaimer or a free needs.
+pub fn before_fork() -> ImportsPause {
+    ImportsPause(lock(&IMPORTS))
+}
+
+impl ImportsPause {
+    /// Then, after the reclaimer's: no server starting and no server step
+    /// under way, so the child inherits no IPC lock held by a thread it will
+    /// not have.
+    pub fn and_server(self) -> ForkPause {
+        ForkPause { _server: lock(&SERVER), served: lock(&SERVED), imports: self.0 }
+    }
 }
 
 impl ForkPause {
