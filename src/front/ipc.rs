@@ -31,7 +31,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::core::allocator::state::Allocator;
 use crate::core::shared_blocks::{IpcHandle, Secret};
@@ -41,7 +41,7 @@ use crate::cuda::gpu::{Gpu, Pool};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
 
 use super::ipc_server::{random_secret, server_endpoint, socket_dir, socket_path, Served, Server, SERVED, SERVER, SERVING_ENDPOINT, SERVING_PID};
-use super::ipc_wire::{encode_request, receive_with_fd, send_all, Op, Reply, REPLY_LEN};
+use super::ipc_wire::{connect, encode_request, receive_with_fd, send_all, Op, Reply, REPLY_LEN};
 
 /// `CUDA_ERROR_INVALID_CONTEXT`: the real open of a handle in the process
 /// that exported it (measured, docs/FACTS.md "CUDA IPC").
@@ -51,7 +51,7 @@ const INVALID_HANDLE: u32 = 400;
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag the real open accepts.
 const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 /// How long the importer waits for the exporter's answer (which includes
-/// the exporter's driver calls).
+/// the exporter's driver calls), the connect included for a new link.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 // ---- export -------------------------------------------------------------------
@@ -183,7 +183,8 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
         return Ok(open.ptr);
     }
     let unanswered = || if exporter_gone(handle.pid) { Refused::ExporterGone } else { Refused::Invalid };
-    let id = imports.link((handle.pid, handle.endpoint, device)).map_err(|_| unanswered())?;
+    let deadline = Instant::now() + EXCHANGE_TIMEOUT;
+    let id = imports.link((handle.pid, handle.endpoint, device), deadline).map_err(|_| unanswered())?;
     let link = imports.links.get_mut(&id).ok_or(Refused::Invalid)?;
     let Ok((reply, pool_fd)) = link.exchange(Op::Open, handle) else {
         imports.retire(id);
@@ -222,12 +223,12 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
 
 impl Imports {
     /// The link to the exporter for the device, connected if there is none.
-    fn link(&mut self, key: LinkKey) -> std::io::Result<u64> {
+    fn link(&mut self, key: LinkKey, deadline: Instant) -> std::io::Result<u64> {
         if let Some(&id) = self.current.get(&key) {
             return Ok(id);
         }
         let dir = socket_dir().map_err(std::io::Error::other)?;
-        let connection = UnixStream::connect(socket_path(&dir, key.0, key.1))?;
+        let connection = connect(&socket_path(&dir, key.0, key.1), deadline)?;
         connection.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
         connection.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
         let id = self.next_link;
