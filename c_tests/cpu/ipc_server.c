@@ -15,7 +15,9 @@
  *   fork_import  a thread's open waits on a stopped exporter while another
  *            thread forks: this process's cudaMalloc+cudaFree and another
  *            process's open of its handle are answered at once, the fork
- *            waiting for the open alone.
+ *            waiting for the open alone;
+ *   signalled  a SIGALRM (handled, without SA_RESTART) 50 ms into an open of
+ *            the handle of an exporter stopped for 300 ms: the open succeeds.
  * The bounds leave room for a loaded machine; the figures are printed as
  * "# " lines. */
 #include "common.h"
@@ -440,6 +442,13 @@ static void forked(void) {
   printf("open the handle of a killed exporter whose forked child lives: %d\n", rc);
 }
 
+/* Stops `pid` and waits until it is: its server answers nothing from then on. */
+static void stop(pid_t pid) {
+  kill(pid, SIGSTOP);
+  for (int i = 0; i < 2000 && state_of(pid) != 'T'; i++) usleep(1000);
+  CHECK(state_of(pid) == 'T');
+}
+
 /* The open in progress ('fork_import'): its code. */
 struct opening {
   cudaIpcMemHandle_t h;
@@ -476,7 +485,7 @@ static void fork_import(void) {
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
   struct opening o = {.h = from_hex(line)};
-  kill(exporter.pid, SIGSTOP);
+  stop(exporter.pid);
   double stopped_at = now_ms();
   pthread_t opening_thread, forking_thread;
   CHECK(pthread_create(&opening_thread, NULL, open_handle, &o) == 0);
@@ -512,6 +521,48 @@ static void fork_import(void) {
          rc == 0 && open_took < ANSWER_BOUND_MS ? "yes" : "no");
 }
 
+static void on_alarm(int sig) { (void)sig; }
+
+/* Interrupts the opening thread 50 ms in, and resumes the exporter 300 ms in. */
+struct interrupter {
+  pthread_t opening;
+  pid_t exporter;
+};
+
+static void *interrupt(void *arg) {
+  struct interrupter *i = arg;
+  usleep(50000);
+  pthread_kill(i->opening, SIGALRM);
+  usleep(250000);
+  kill(i->exporter, SIGCONT);
+  return NULL;
+}
+
+static void signalled(void) {
+  CHECK_CUDA(cudaFree(0));
+  struct sigaction action = {.sa_handler = on_alarm}; /* no SA_RESTART */
+  CHECK(sigaction(SIGALRM, &action, NULL) == 0);
+  struct child exporter = start("killed_exporter", "-");
+  char line[160] = {0};
+  CHECK(read_line(exporter.from, line, sizeof line));
+  cudaIpcMemHandle_t h = from_hex(line);
+  stop(exporter.pid);
+  struct interrupter i = {pthread_self(), exporter.pid};
+  pthread_t thread;
+  CHECK(pthread_create(&thread, NULL, interrupt, &i) == 0);
+  void *p = NULL;
+  double t0 = now_ms();
+  int rc = cudaIpcOpenMemHandle(&p, h, 0);
+  double took = now_ms() - t0;
+  pthread_join(thread, NULL);
+  if (rc == 0) CHECK_CUDA(cudaIpcCloseMemHandle(p));
+  kill(exporter.pid, SIGKILL); /* it holds its stdin's other end: no EOF comes */
+  CHECK(finish(exporter) == 128 + SIGKILL);
+  printf("# an open interrupted by a signal 50 ms in gave %d in %.1f ms (the exporter stopped for 300 ms)\n", rc, took);
+  CHECK(rc == 0);
+  printf("an open interrupted by a signal: %d\n", rc);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "timed_opener") == 0) return timed_opener(argv[2]);
   if (argc == 3 && strcmp(argv[1], "forking_exporter") == 0) return forking_exporter();
@@ -527,6 +578,7 @@ int main(int argc, char **argv) {
   else if (strcmp(which, "killed") == 0) killed();
   else if (strcmp(which, "forked") == 0) forked();
   else if (strcmp(which, "fork_import") == 0) fork_import();
-  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed, forked or fork_import");
+  else if (strcmp(which, "signalled") == 0) signalled();
+  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed, forked, fork_import or signalled");
   return report();
 }

@@ -41,7 +41,7 @@ use crate::cuda::gpu::{Gpu, Pool};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
 
 use super::ipc_server::{random_secret, server_endpoint, socket_dir, socket_path, Served, Server, SERVED, SERVER, SERVING_ENDPOINT, SERVING_PID};
-use super::ipc_wire::{connect, encode_request, receive_with_fd, send_all, Op, Reply, REPLY_LEN};
+use super::ipc_wire::{connect, encode_request, receive_with_fd, send_all_by, Op, Reply, REPLY_LEN};
 
 /// `CUDA_ERROR_INVALID_CONTEXT`: the real open of a handle in the process
 /// that exported it (measured, docs/FACTS.md "CUDA IPC").
@@ -186,7 +186,7 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     let deadline = Instant::now() + EXCHANGE_TIMEOUT;
     let id = imports.link((handle.pid, handle.endpoint, device), deadline).map_err(|_| unanswered())?;
     let link = imports.links.get_mut(&id).ok_or(Refused::Invalid)?;
-    let Ok((reply, pool_fd)) = link.exchange(Op::Open, handle) else {
+    let Ok((reply, pool_fd)) = link.exchange(Op::Open, handle, deadline) else {
         imports.retire(id);
         imports.drop_if_unused(id);
         return Err(unanswered());
@@ -229,8 +229,6 @@ impl Imports {
         }
         let dir = socket_dir().map_err(std::io::Error::other)?;
         let connection = connect(&socket_path(&dir, key.0, key.1), deadline)?;
-        connection.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
-        connection.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
         let id = self.next_link;
         self.next_link += 1;
         self.links.insert(id, Link { connection, key, pools: HashMap::new(), leases: 0, retired: false });
@@ -261,7 +259,7 @@ impl Imports {
     fn release(&mut self, id: u64, handle: &IpcHandle) {
         let Some(link) = self.links.get_mut(&id) else { return };
         link.leases = link.leases.saturating_sub(1);
-        if !link.retired && link.exchange(Op::Close, handle).is_err() {
+        if !link.retired && link.exchange(Op::Close, handle, Instant::now() + EXCHANGE_TIMEOUT).is_err() {
             self.retire(id);
         }
         self.drop_if_unused(id);
@@ -271,10 +269,10 @@ impl Imports {
 impl Link {
     /// One request and its reply (with the descriptor sent alongside, if
     /// any). An error leaves the link out of step: the caller retires it.
-    fn exchange(&self, op: Op, handle: &IpcHandle) -> Result<(Reply, Option<OwnedFd>), ()> {
-        send_all(&self.connection, &encode_request(op, handle)).map_err(|_| ())?;
+    fn exchange(&self, op: Op, handle: &IpcHandle, deadline: Instant) -> Result<(Reply, Option<OwnedFd>), ()> {
+        send_all_by(&self.connection, &encode_request(op, handle), Some(deadline)).map_err(|_| ())?;
         let mut reply = [0u8; REPLY_LEN];
-        match receive_with_fd(&self.connection, &mut reply) {
+        match receive_with_fd(&self.connection, &mut reply, deadline) {
             Ok((n, fd)) if n == REPLY_LEN => Ok((Reply::decode(&reply), fd)),
             _ => Err(()),
         }

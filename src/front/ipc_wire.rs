@@ -81,8 +81,17 @@ impl Reply {
 
 /// Writes all of `bytes` without the SIGPIPE a write to a closed socket
 /// raises (which would end the program: the shim runs inside it).
-pub(super) fn send_all(connection: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn send_all(connection: &UnixStream, bytes: &[u8]) -> std::io::Result<()> {
+    send_all_by(connection, bytes, None)
+}
+
+/// `send_all` on a blocking socket, each send bounded by what is left
+/// until `deadline` (a signal's interruption resumes it).
+pub(super) fn send_all_by(connection: &UnixStream, mut bytes: &[u8], deadline: Option<Instant>) -> std::io::Result<()> {
     while !bytes.is_empty() {
+        if let Some(deadline) = deadline {
+            set_timeout(connection.as_raw_fd(), libc::SO_SNDTIMEO, deadline)?;
+        }
         // SAFETY: sends from a live slice on a live socket.
         let n = unsafe { libc::send(connection.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
         if n < 0 {
@@ -178,27 +187,47 @@ pub(super) fn send_with_fd(connection: &UnixStream, bytes: &[u8], fd: Option<Raw
     Ok(())
 }
 
-/// Receives a reply and the descriptor sent with it (if any); the count of
-/// bytes is short if the connection closed or the read timed out first.
-pub(super) fn receive_with_fd(connection: &UnixStream, bytes: &mut [u8; REPLY_LEN]) -> std::io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = [IoSliceMut::new(bytes)];
-    let mut control = [0u64; 4];
-    // SAFETY: msghdr is plain data; the kernel writes at most the buffers' lengths.
-    unsafe {
-        let mut message: libc::msghdr = std::mem::zeroed();
-        message.msg_iov = iov.as_mut_ptr().cast();
-        message.msg_iovlen = 1;
-        message.msg_control = control.as_mut_ptr().cast();
-        message.msg_controllen = std::mem::size_of_val(&control);
-        let n = libc::recvmsg(connection.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL);
+/// Receives a reply and the descriptor sent with it (if any) by `deadline`,
+/// resuming after a signal; the count of bytes is short if the connection
+/// closed first. A descriptor cut off (`MSG_CTRUNC`) is an error.
+pub(super) fn receive_with_fd(connection: &UnixStream, bytes: &mut [u8; REPLY_LEN], deadline: Instant) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let mut received = 0;
+    let mut fd = None;
+    while received < REPLY_LEN {
+        set_timeout(connection.as_raw_fd(), libc::SO_RCVTIMEO, deadline)?;
+        let mut iov = [IoSliceMut::new(&mut bytes[received..])];
+        let mut control = [0u64; 4];
+        // SAFETY: msghdr is plain data; the kernel writes at most the buffers' lengths.
+        let (n, flags, passed) = unsafe {
+            let mut message: libc::msghdr = std::mem::zeroed();
+            message.msg_iov = iov.as_mut_ptr().cast();
+            message.msg_iovlen = 1;
+            message.msg_control = control.as_mut_ptr().cast();
+            message.msg_controllen = std::mem::size_of_val(&control);
+            let n = libc::recvmsg(connection.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL);
+            let header = libc::CMSG_FIRSTHDR(&message);
+            let passed = (n >= 0 && !header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS)
+                .then(|| OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>())));
+            (n, message.msg_flags, passed)
+        };
         if n < 0 {
-            return Err(std::io::Error::last_os_error());
+            let error = std::io::Error::last_os_error();
+            if error.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
         }
-        let header = libc::CMSG_FIRSTHDR(&message);
-        let fd = (!header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS)
-            .then(|| OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>())));
-        Ok((n as usize, fd))
+        if flags & libc::MSG_CTRUNC != 0 {
+            return Err(std::io::Error::other("a descriptor cut off"));
+        }
+        // One message carries it; any other would break the protocol (and closes here).
+        fd = fd.or(passed);
+        if n == 0 {
+            break;
+        }
+        received += n as usize;
     }
+    Ok((received, fd))
 }
 
 #[cfg(test)]
