@@ -17,11 +17,15 @@
  *            process's open of its handle are answered at once, the fork
  *            waiting for the open alone;
  *   signalled  a SIGALRM (handled, without SA_RESTART) 50 ms into an open of
- *            the handle of an exporter stopped for 300 ms: the open succeeds.
+ *            the handle of an exporter stopped for 300 ms: the open succeeds;
+ *   exit_export  an export from an exit handler that runs after the shim's:
+ *            no server starts (its thread would call the driver as the
+ *            runtime tears down).
  * The bounds leave room for a loaded machine; the figures are printed as
  * "# " lines. */
 #include "common.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -563,6 +567,38 @@ static void signalled(void) {
   printf("an open interrupted by a signal: %d\n", rc);
 }
 
+/* This process's server sockets in the shim's directory. */
+static int own_sockets(void) {
+  char dir[64], prefix[32];
+  snprintf(dir, sizeof dir, "/tmp/somashim-%u", (unsigned)geteuid());
+  snprintf(prefix, sizeof prefix, "%d-", (int)getpid());
+  DIR *d = opendir(dir);
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+  if (d) closedir(d);
+  return n;
+}
+
+static void *exit_block;
+
+/* Registered before CUDA's first call, so it runs after the shim's exit handler. */
+static void export_after_exit(void) {
+  int before = own_sockets();
+  cudaIpcMemHandle_t h;
+  cudaIpcGetMemHandle(&h, exit_block);
+  int after = own_sockets();
+  printf("# this process's server sockets after the shim's exit handler: %d, after an export then: %d\n", before, after);
+  printf("no server started after exit: %s\n", before == 0 && after == 0 ? "yes" : "no");
+  fflush(stdout);
+}
+
+static void exit_export(void) {
+  CHECK(atexit(export_after_exit) == 0);
+  cudaIpcMemHandle_t h = exported(&exit_block, MiB);
+  (void)h;
+  CHECK(own_sockets() == 1);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "timed_opener") == 0) return timed_opener(argv[2]);
   if (argc == 3 && strcmp(argv[1], "forking_exporter") == 0) return forking_exporter();
@@ -579,6 +615,7 @@ int main(int argc, char **argv) {
   else if (strcmp(which, "forked") == 0) forked();
   else if (strcmp(which, "fork_import") == 0) fork_import();
   else if (strcmp(which, "signalled") == 0) signalled();
-  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed, forked, fork_import or signalled");
+  else if (strcmp(which, "exit_export") == 0) exit_export();
+  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed, forked, fork_import, signalled or exit_export");
   return report();
 }
