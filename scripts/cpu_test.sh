@@ -535,6 +535,10 @@ the exporter's CPU time under 0.5 s: yes
 the block freed once the lease ended: yes"
 ipc_server_case "an exporter killed and not reaped: 400 at once" killed 'open the handle of a killed exporter not reaped yet: 400'
 ipc_server_case "an exporter killed with a forked child alive: 400 at once" forked 'open the handle of a killed exporter whose forked child lives: 400'
+ipc_server_case "a fork waiting for an open stalls neither frees nor the server" fork_import "cudaMalloc and cudaFree answered at once while a fork waits for an open: yes
+another process's open answered at once while a fork waits for an open: yes"
+ipc_server_case "an open interrupted by a signal still succeeds" signalled 'an open interrupted by a signal: 0'
+ipc_server_case "no server starts after the shim's exit handler" exit_export 'no server started after exit: yes'
 
 # Many leases over one connection, descriptors limited to 1024 in both
 # processes (ipc_leases.c, one case each; under the shim only).

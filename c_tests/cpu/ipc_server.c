@@ -11,11 +11,21 @@
  *   killed   the exporter is killed and not reaped yet (a zombie): an open of
  *            its handle gives 400 at once;
  *   forked   the exporter forked a child (no exec) and was killed: the child
- *            holds no socket of its server, so an open gives 400 at once.
+ *            holds no socket of its server, so an open gives 400 at once;
+ *   fork_import  a thread's open waits on a stopped exporter while another
+ *            thread forks: this process's cudaMalloc+cudaFree and another
+ *            process's open of its handle are answered at once, the fork
+ *            waiting for the open alone;
+ *   signalled  a SIGALRM (handled, without SA_RESTART) 50 ms into an open of
+ *            the handle of an exporter stopped for 300 ms: the open succeeds;
+ *   exit_export  an export from an exit handler that runs after the shim's:
+ *            no server starts (its thread would call the driver as the
+ *            runtime tears down).
  * The bounds leave room for a loaded machine; the figures are printed as
  * "# " lines. */
 #include "common.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -436,6 +446,159 @@ static void forked(void) {
   printf("open the handle of a killed exporter whose forked child lives: %d\n", rc);
 }
 
+/* Stops `pid` and waits until it is: its server answers nothing from then on. */
+static void stop(pid_t pid) {
+  kill(pid, SIGSTOP);
+  for (int i = 0; i < 2000 && state_of(pid) != 'T'; i++) usleep(1000);
+  CHECK(state_of(pid) == 'T');
+}
+
+/* The open in progress ('fork_import'): its code. */
+struct opening {
+  cudaIpcMemHandle_t h;
+  void *p;
+  int rc;
+};
+
+static void *open_handle(void *arg) {
+  struct opening *o = arg;
+  o->rc = cudaIpcOpenMemHandle(&o->p, o->h, 0);
+  return NULL;
+}
+
+static void *timed_fork(void *arg) {
+  double t0 = now_ms();
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  *(double *)arg = now_ms() - t0;
+  waitpid(pid, NULL, 0);
+  return NULL;
+}
+
+/* The exporter stopped this long: the open, and the fork behind it, wait as long. */
+#define STOPPED_MS 1000
+
+static void fork_import(void) {
+  void *block = NULL;
+  cudaIpcMemHandle_t mine = exported(&block, MiB);
+  char hex[129];
+  to_hex(&mine, hex);
+  struct child opener = start("timed_opener", hex);
+  await(opener.from, 'r');
+  struct child exporter = start("killed_exporter", "-");
+  char line[160] = {0};
+  CHECK(read_line(exporter.from, line, sizeof line));
+  struct opening o = {.h = from_hex(line)};
+  stop(exporter.pid);
+  double stopped_at = now_ms();
+  pthread_t opening_thread, forking_thread;
+  CHECK(pthread_create(&opening_thread, NULL, open_handle, &o) == 0);
+  usleep(100000); /* the open waits for its answer by now */
+  double fork_took = -1;
+  CHECK(pthread_create(&forking_thread, NULL, timed_fork, &fork_took) == 0);
+  usleep(100000); /* the fork waits for the open by now */
+  double t0 = now_ms();
+  void *p = NULL;
+  CHECK_CUDA(cudaMalloc(&p, MiB));
+  CHECK_CUDA(cudaFree(p));
+  double alloc_took = now_ms() - t0;
+  CHECK(write(opener.to, "g", 1) == 1);
+  int rc = -1;
+  double open_took = -1;
+  CHECK(read_line(opener.from, line, sizeof line) && sscanf(line, "%d %lf", &rc, &open_took) == 2);
+  double left = STOPPED_MS - (now_ms() - stopped_at);
+  if (left > 0) usleep((useconds_t)(left * 1000));
+  kill(exporter.pid, SIGCONT);
+  pthread_join(opening_thread, NULL);
+  pthread_join(forking_thread, NULL);
+  if (o.rc == 0) CHECK_CUDA(cudaIpcCloseMemHandle(o.p));
+  CHECK(finish(opener) == 0);
+  kill(exporter.pid, SIGKILL); /* it holds its stdin's other end: no EOF comes */
+  CHECK(finish(exporter) == 128 + SIGKILL);
+  printf("# while an open waited on an exporter stopped for %d ms: the fork took %.1f ms, cudaMalloc+cudaFree %.1f ms, "
+         "another process's open %.1f ms (code %d); the waiting open gave %d\n",
+         STOPPED_MS, fork_took, alloc_took, open_took, rc, o.rc);
+  CHECK(o.rc == 0 && rc == 0);
+  CHECK(alloc_took < ANSWER_BOUND_MS && open_took < ANSWER_BOUND_MS);
+  printf("cudaMalloc and cudaFree answered at once while a fork waits for an open: %s\n", alloc_took < ANSWER_BOUND_MS ? "yes" : "no");
+  printf("another process's open answered at once while a fork waits for an open: %s\n",
+         rc == 0 && open_took < ANSWER_BOUND_MS ? "yes" : "no");
+}
+
+static void on_alarm(int sig) { (void)sig; }
+
+/* Interrupts the opening thread 50 ms in, and resumes the exporter 300 ms in. */
+struct interrupter {
+  pthread_t opening;
+  pid_t exporter;
+};
+
+static void *interrupt(void *arg) {
+  struct interrupter *i = arg;
+  usleep(50000);
+  pthread_kill(i->opening, SIGALRM);
+  usleep(250000);
+  kill(i->exporter, SIGCONT);
+  return NULL;
+}
+
+static void signalled(void) {
+  CHECK_CUDA(cudaFree(0));
+  struct sigaction action = {.sa_handler = on_alarm}; /* no SA_RESTART */
+  CHECK(sigaction(SIGALRM, &action, NULL) == 0);
+  struct child exporter = start("killed_exporter", "-");
+  char line[160] = {0};
+  CHECK(read_line(exporter.from, line, sizeof line));
+  cudaIpcMemHandle_t h = from_hex(line);
+  stop(exporter.pid);
+  struct interrupter i = {pthread_self(), exporter.pid};
+  pthread_t thread;
+  CHECK(pthread_create(&thread, NULL, interrupt, &i) == 0);
+  void *p = NULL;
+  double t0 = now_ms();
+  int rc = cudaIpcOpenMemHandle(&p, h, 0);
+  double took = now_ms() - t0;
+  pthread_join(thread, NULL);
+  if (rc == 0) CHECK_CUDA(cudaIpcCloseMemHandle(p));
+  kill(exporter.pid, SIGKILL); /* it holds its stdin's other end: no EOF comes */
+  CHECK(finish(exporter) == 128 + SIGKILL);
+  printf("# an open interrupted by a signal 50 ms in gave %d in %.1f ms (the exporter stopped for 300 ms)\n", rc, took);
+  CHECK(rc == 0);
+  printf("an open interrupted by a signal: %d\n", rc);
+}
+
+/* This process's server sockets in the shim's directory. */
+static int own_sockets(void) {
+  char dir[64], prefix[32];
+  snprintf(dir, sizeof dir, "/tmp/somashim-%u", (unsigned)geteuid());
+  snprintf(prefix, sizeof prefix, "%d-", (int)getpid());
+  DIR *d = opendir(dir);
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+  if (d) closedir(d);
+  return n;
+}
+
+static void *exit_block;
+
+/* Registered before CUDA's first call, so it runs after the shim's exit handler. */
+static void export_after_exit(void) {
+  int before = own_sockets();
+  cudaIpcMemHandle_t h;
+  cudaIpcGetMemHandle(&h, exit_block);
+  int after = own_sockets();
+  printf("# this process's server sockets after the shim's exit handler: %d, after an export then: %d\n", before, after);
+  printf("no server started after exit: %s\n", before == 0 && after == 0 ? "yes" : "no");
+  fflush(stdout);
+}
+
+static void exit_export(void) {
+  CHECK(atexit(export_after_exit) == 0);
+  cudaIpcMemHandle_t h = exported(&exit_block, MiB);
+  (void)h;
+  CHECK(own_sockets() == 1);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "timed_opener") == 0) return timed_opener(argv[2]);
   if (argc == 3 && strcmp(argv[1], "forking_exporter") == 0) return forking_exporter();
@@ -450,6 +613,9 @@ int main(int argc, char **argv) {
   else if (strcmp(which, "flood") == 0) flood();
   else if (strcmp(which, "killed") == 0) killed();
   else if (strcmp(which, "forked") == 0) forked();
-  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed or forked");
+  else if (strcmp(which, "fork_import") == 0) fork_import();
+  else if (strcmp(which, "signalled") == 0) signalled();
+  else if (strcmp(which, "exit_export") == 0) exit_export();
+  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed, forked, fork_import, signalled or exit_export");
   return report();
 }

@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use super::locks::lock;
+use super::locks::{lock, try_lock};
 
 /// How long the thread sleeps, at least, while frees wait for the GPU.
 const POLL: Duration = Duration::from_micros(50);
@@ -127,8 +127,10 @@ impl Reclaimer {
         if !self.work.load(SeqCst) {
             self.work.store(true, SeqCst);
         }
+        // Never waits: a fork holds `thread` while it waits for an IPC
+        // exchange, and a wake missed costs at most the thread's nap.
         if self.sleeping.load(SeqCst) {
-            if let Some(handle) = lock(&self.thread).as_ref() {
+            if let Some(handle) = try_lock(&self.thread).as_ref().and_then(|thread| thread.as_ref()) {
                 handle.thread().unpark();
             }
         }

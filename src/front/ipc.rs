@@ -31,7 +31,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::core::allocator::state::Allocator;
 use crate::core::shared_blocks::{IpcHandle, Secret};
@@ -41,7 +41,7 @@ use crate::cuda::gpu::{Gpu, Pool};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
 
 use super::ipc_server::{random_secret, server_endpoint, socket_dir, socket_path, Served, Server, SERVED, SERVER, SERVING_ENDPOINT, SERVING_PID};
-use super::ipc_wire::{encode_request, receive_with_fd, send_all, Op, Reply, REPLY_LEN};
+use super::ipc_wire::{connect, encode_request, receive_with_fd, send_all_by, Op, Reply, REPLY_LEN};
 
 /// `CUDA_ERROR_INVALID_CONTEXT`: the real open of a handle in the process
 /// that exported it (measured, docs/FACTS.md "CUDA IPC").
@@ -51,7 +51,7 @@ const INVALID_HANDLE: u32 = 400;
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag the real open accepts.
 const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 /// How long the importer waits for the exporter's answer (which includes
-/// the exporter's driver calls).
+/// the exporter's driver calls), the connect included for a new link.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 // ---- export -------------------------------------------------------------------
@@ -183,9 +183,10 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
         return Ok(open.ptr);
     }
     let unanswered = || if exporter_gone(handle.pid) { Refused::ExporterGone } else { Refused::Invalid };
-    let id = imports.link((handle.pid, handle.endpoint, device)).map_err(|_| unanswered())?;
+    let deadline = Instant::now() + EXCHANGE_TIMEOUT;
+    let id = imports.link((handle.pid, handle.endpoint, device), deadline).map_err(|_| unanswered())?;
     let link = imports.links.get_mut(&id).ok_or(Refused::Invalid)?;
-    let Ok((reply, pool_fd)) = link.exchange(Op::Open, handle) else {
+    let Ok((reply, pool_fd)) = link.exchange(Op::Open, handle, deadline) else {
         imports.retire(id);
         imports.drop_if_unused(id);
         return Err(unanswered());
@@ -222,14 +223,12 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
 
 impl Imports {
     /// The link to the exporter for the device, connected if there is none.
-    fn link(&mut self, key: LinkKey) -> std::io::Result<u64> {
+    fn link(&mut self, key: LinkKey, deadline: Instant) -> std::io::Result<u64> {
         if let Some(&id) = self.current.get(&key) {
             return Ok(id);
         }
         let dir = socket_dir().map_err(std::io::Error::other)?;
-        let connection = UnixStream::connect(socket_path(&dir, key.0, key.1))?;
-        connection.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
-        connection.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
+        let connection = connect(&socket_path(&dir, key.0, key.1), deadline)?;
         let id = self.next_link;
         self.next_link += 1;
         self.links.insert(id, Link { connection, key, pools: HashMap::new(), leases: 0, retired: false });
@@ -260,7 +259,7 @@ impl Imports {
     fn release(&mut self, id: u64, handle: &IpcHandle) {
         let Some(link) = self.links.get_mut(&id) else { return };
         link.leases = link.leases.saturating_sub(1);
-        if !link.retired && link.exchange(Op::Close, handle).is_err() {
+        if !link.retired && link.exchange(Op::Close, handle, Instant::now() + EXCHANGE_TIMEOUT).is_err() {
             self.retire(id);
         }
         self.drop_if_unused(id);
@@ -270,10 +269,10 @@ impl Imports {
 impl Link {
     /// One request and its reply (with the descriptor sent alongside, if
     /// any). An error leaves the link out of step: the caller retires it.
-    fn exchange(&self, op: Op, handle: &IpcHandle) -> Result<(Reply, Option<OwnedFd>), ()> {
-        send_all(&self.connection, &encode_request(op, handle)).map_err(|_| ())?;
+    fn exchange(&self, op: Op, handle: &IpcHandle, deadline: Instant) -> Result<(Reply, Option<OwnedFd>), ()> {
+        send_all_by(&self.connection, &encode_request(op, handle), Some(deadline)).map_err(|_| ())?;
         let mut reply = [0u8; REPLY_LEN];
-        match receive_with_fd(&self.connection, &mut reply) {
+        match receive_with_fd(&self.connection, &mut reply, deadline) {
             Ok((n, fd)) if n == REPLY_LEN => Ok((Reply::decode(&reply), fd)),
             _ => Err(()),
         }
@@ -331,12 +330,25 @@ pub struct ForkPause {
     imports: MutexGuard<'static, Option<Imports>>,
 }
 
-/// Before `fork`: no server starting, no server step under way and no
-/// exchange of an import or close in progress (one holds `IMPORTS`
-/// across it), so the child inherits no IPC lock held by a thread it will
-/// not have, and no link in the middle of an exchange.
-pub fn before_fork() -> ForkPause {
-    ForkPause { _server: lock(&SERVER), served: lock(&SERVED), imports: lock(&IMPORTS) }
+/// The importer's lock, the first a fork takes.
+pub struct ImportsPause(MutexGuard<'static, Option<Imports>>);
+
+/// Before `fork`, first: no exchange of an import or close in progress (one
+/// holds `IMPORTS` across it, seconds at worst), so the child inherits no
+/// link in the middle of an exchange. Taken before any other of the shim's
+/// locks, so that while the fork waits here it holds none that the server
+/// thread, the reclaimer or a free needs.
+pub fn before_fork() -> ImportsPause {
+    ImportsPause(lock(&IMPORTS))
+}
+
+impl ImportsPause {
+    /// Then, after the reclaimer's: no server starting and no server step
+    /// under way, so the child inherits no IPC lock held by a thread it will
+    /// not have.
+    pub fn and_server(self) -> ForkPause {
+        ForkPause { _server: lock(&SERVER), served: lock(&SERVED), imports: self.0 }
+    }
 }
 
 impl ForkPause {

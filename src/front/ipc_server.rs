@@ -12,7 +12,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -100,9 +100,16 @@ pub(super) static SERVING_ENDPOINT: AtomicU64 = AtomicU64::new(0);
 /// pass through from then on, without a new attempt (and warning) each time.
 static FAILED_PID: AtomicU32 = AtomicU32::new(0);
 
+/// Set at exit: no server starts and no server step begins from then on
+/// (the CUDA runtime tears itself down next).
+static STOPPED: AtomicBool = AtomicBool::new(false);
+
 /// The endpoint of this process's server, started on first use.
 pub(super) fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
     let mut server = lock(&SERVER);
+    if STOPPED.load(Ordering::SeqCst) {
+        return None;
+    }
     let pid = std::process::id();
     if let Some(running) = server.as_ref().filter(|s| s.pid == pid) {
         return Some(running.endpoint);
@@ -163,15 +170,21 @@ fn spawn_server(allocator: &'static Allocator, listener: UnixListener, pid: u32,
     Ok((wake, spawned?))
 }
 
-/// At exit: the socket goes (no importer reaches the server from then on)
-/// and the thread is told to stop. Exit waits for it a short while at most,
-/// so that a step's driver calls do not run on while the runtime tears
-/// down; never for a client, since the thread waits on none.
+/// At exit: the socket goes (no importer reaches the server from then on),
+/// the thread is told to stop, and no step begins after this returns, so
+/// that no driver call of the server's runs while the runtime tears down:
+/// a step under way is waited for (its driver calls; it waits on no
+/// client). Exit waits for the thread itself a short while at most.
 pub fn stop_server() {
-    let Some(mut server) = try_lock(&SERVER) else { return };
-    let Some(running) = server.take_if(|s| s.pid == std::process::id()) else { return };
-    let _ = std::fs::remove_file(&running.path);
-    let _ = send_all(&running.wake, &[1]);
+    STOPPED.store(true, Ordering::SeqCst);
+    // Held by an export starting a server: that server's first step finds `STOPPED`.
+    let running = try_lock(&SERVER).and_then(|mut server| server.take_if(|s| s.pid == std::process::id()));
+    if let Some(running) = &running {
+        let _ = std::fs::remove_file(&running.path);
+        let _ = send_all(&running.wake, &[1]);
+    }
+    *lock(&SERVED) = None;
+    let Some(running) = running else { return };
     let deadline = Instant::now() + STOP_WAIT;
     while !running.thread.is_finished() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
@@ -257,6 +270,9 @@ fn serve(allocator: &Allocator, endpoint: u64) {
             continue;
         }
         let mut served = lock(&SERVED);
+        if STOPPED.load(Ordering::SeqCst) {
+            return;
+        }
         if failed.is_some() || polled[0].revents != 0 {
             if let Some(e) = failed {
                 log::warn!("CUDA IPC: the server stops: poll: {e}");

@@ -9,9 +9,12 @@
 //!
 //! All integers little-endian.
 
-use std::io::{IoSlice, IoSliceMut};
+use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Instant;
 
 use crate::core::shared_blocks::IpcHandle;
 use crate::cuda::driver::PointerExport;
@@ -78,13 +81,22 @@ impl Reply {
 
 /// Writes all of `bytes` without the SIGPIPE a write to a closed socket
 /// raises (which would end the program: the shim runs inside it).
-pub(super) fn send_all(connection: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn send_all(connection: &UnixStream, bytes: &[u8]) -> std::io::Result<()> {
+    send_all_by(connection, bytes, None)
+}
+
+/// `send_all` on a blocking socket, each send bounded by what is left
+/// until `deadline` (a signal's interruption resumes it).
+pub(super) fn send_all_by(connection: &UnixStream, mut bytes: &[u8], deadline: Option<Instant>) -> std::io::Result<()> {
     while !bytes.is_empty() {
+        if let Some(deadline) = deadline {
+            set_timeout(connection.as_raw_fd(), libc::SO_SNDTIMEO, deadline)?;
+        }
         // SAFETY: sends from a live slice on a live socket.
         let n = unsafe { libc::send(connection.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
         if n < 0 {
             let error = std::io::Error::last_os_error();
-            if error.kind() == std::io::ErrorKind::Interrupted {
+            if error.kind() == ErrorKind::Interrupted {
                 continue;
             }
             return Err(error);
@@ -92,6 +104,63 @@ pub(super) fn send_all(connection: &UnixStream, mut bytes: &[u8]) -> std::io::Re
         bytes = &bytes[n as usize..];
     }
     Ok(())
+}
+
+/// Bounds the socket's blocking sends (`SO_SNDTIMEO`) or receives
+/// (`SO_RCVTIMEO`) by what is left until `deadline`; an error once it has passed.
+fn set_timeout(fd: RawFd, option: libc::c_int, deadline: Instant) -> std::io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(ErrorKind::TimedOut.into());
+    }
+    // At least a microsecond: a zero timeout would wait for ever.
+    let time = libc::timeval { tv_sec: left.as_secs() as libc::time_t, tv_usec: left.subsec_micros().max(1) as libc::suseconds_t };
+    // SAFETY: passes a timeval of the length given.
+    let rc = unsafe {
+        libc::setsockopt(fd, libc::SOL_SOCKET, option, (&time as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as libc::socklen_t)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A blocking connection to the socket at `path`, made by `deadline`: a
+/// listener whose backlog is full (its process stopped, say) is waited
+/// for no longer. Close-on-exec from the start.
+pub(super) fn connect(path: &Path, deadline: Instant) -> std::io::Result<UnixStream> {
+    // SAFETY: sockaddr_un is plain data, for which zeros are valid.
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let path = path.as_os_str().as_bytes();
+    if path.len() >= address.sun_path.len() {
+        return Err(ErrorKind::InvalidInput.into());
+    }
+    for (to, &from) in address.sun_path.iter_mut().zip(path) {
+        *to = from as libc::c_char;
+    }
+    // SAFETY: socket takes no pointer.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    loop {
+        // A unix socket's connect waits for room in the backlog as a send waits (`SO_SNDTIMEO`).
+        set_timeout(socket.as_raw_fd(), libc::SO_SNDTIMEO, deadline)?;
+        // SAFETY: `address` is a sockaddr_un of the length given.
+        let rc = unsafe {
+            libc::connect(socket.as_raw_fd(), (&address as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t)
+        };
+        if rc == 0 {
+            return Ok(UnixStream::from(socket));
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
 }
 
 /// Sends `bytes` in one message, with `fd` alongside if given.
@@ -118,27 +187,47 @@ pub(super) fn send_with_fd(connection: &UnixStream, bytes: &[u8], fd: Option<Raw
     Ok(())
 }
 
-/// Receives a reply and the descriptor sent with it (if any); the count of
-/// bytes is short if the connection closed or the read timed out first.
-pub(super) fn receive_with_fd(connection: &UnixStream, bytes: &mut [u8; REPLY_LEN]) -> std::io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = [IoSliceMut::new(bytes)];
-    let mut control = [0u64; 4];
-    // SAFETY: msghdr is plain data; the kernel writes at most the buffers' lengths.
-    unsafe {
-        let mut message: libc::msghdr = std::mem::zeroed();
-        message.msg_iov = iov.as_mut_ptr().cast();
-        message.msg_iovlen = 1;
-        message.msg_control = control.as_mut_ptr().cast();
-        message.msg_controllen = std::mem::size_of_val(&control);
-        let n = libc::recvmsg(connection.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL);
+/// Receives a reply and the descriptor sent with it (if any) by `deadline`,
+/// resuming after a signal; the count of bytes is short if the connection
+/// closed first. A descriptor cut off (`MSG_CTRUNC`) is an error.
+pub(super) fn receive_with_fd(connection: &UnixStream, bytes: &mut [u8; REPLY_LEN], deadline: Instant) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let mut received = 0;
+    let mut fd = None;
+    while received < REPLY_LEN {
+        set_timeout(connection.as_raw_fd(), libc::SO_RCVTIMEO, deadline)?;
+        let mut iov = [IoSliceMut::new(&mut bytes[received..])];
+        let mut control = [0u64; 4];
+        // SAFETY: msghdr is plain data; the kernel writes at most the buffers' lengths.
+        let (n, flags, passed) = unsafe {
+            let mut message: libc::msghdr = std::mem::zeroed();
+            message.msg_iov = iov.as_mut_ptr().cast();
+            message.msg_iovlen = 1;
+            message.msg_control = control.as_mut_ptr().cast();
+            message.msg_controllen = std::mem::size_of_val(&control);
+            let n = libc::recvmsg(connection.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITALL);
+            let header = libc::CMSG_FIRSTHDR(&message);
+            let passed = (n >= 0 && !header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS)
+                .then(|| OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>())));
+            (n, message.msg_flags, passed)
+        };
         if n < 0 {
-            return Err(std::io::Error::last_os_error());
+            let error = std::io::Error::last_os_error();
+            if error.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
         }
-        let header = libc::CMSG_FIRSTHDR(&message);
-        let fd = (!header.is_null() && (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS)
-            .then(|| OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>())));
-        Ok((n as usize, fd))
+        if flags & libc::MSG_CTRUNC != 0 {
+            return Err(std::io::Error::other("a descriptor cut off"));
+        }
+        // One message carries it; any other would break the protocol (and closes here).
+        fd = fd.or(passed);
+        if n == 0 {
+            break;
+        }
+        received += n as usize;
     }
+    Ok((received, fd))
 }
 
 #[cfg(test)]

@@ -99,7 +99,9 @@ thread_local! {
 /// locks held, so that the child inherits no lock held by a thread it will
 /// not have.
 extern "C" fn before_fork() {
-    let pause = (allocator().reclaimer.before_fork(), ipc::before_fork());
+    // The importer's lock first (see `ipc::before_fork`).
+    let imports = ipc::before_fork();
+    let pause = (allocator().reclaimer.before_fork(), imports.and_server());
     let _ = FORK_PAUSE.try_with(|slot| *slot.borrow_mut() = Some(pause));
 }
 
