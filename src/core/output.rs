@@ -23,6 +23,16 @@ use std::path::absolute;
 /// Symbolic links followed on one path at most, as the kernel allows.
 const MAX_LINKS: usize = 40;
 
+/// Looks at the last component at most, while names keep appearing there
+/// between a look that found none and the creation.
+const MAX_LOOKS: usize = 8;
+
+/// How the file is opened for writing. O_NOFOLLOW: a symbolic link put there
+/// since fails (ELOOP). O_NONBLOCK: a FIFO does not wait for a reader.
+/// O_NOCTTY: nor does a terminal become the program's. No O_TRUNC, which
+/// would empty a refused file.
+const WRITE: libc::c_int = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+
 /// A file opened by `create`.
 #[derive(Debug)]
 pub struct Opened {
@@ -85,25 +95,51 @@ pub fn create(path: &str) -> io::Result<Opened> {
     let name = c_string(name)?;
     // An existing file is judged before it is opened for writing: opening a
     // device may act on it (a tape rewinds), and the reasons given are then
-    // the shim's, not those of kernel settings (fs.protected_regular).
-    match open_at(dir.as_raw_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0) {
-        Ok(fd) => writable(&File::from(fd).metadata()?)?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    // O_NOFOLLOW: a symbolic link put there since fails (ELOOP). O_NONBLOCK:
-    // a FIFO put there since does not wait for a reader. O_NOCTTY: nor does
-    // a terminal become the program's.
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
-    let file = File::from(open_at(dir.as_raw_fd(), &name, flags, 0o600).map_err(|e| match e.raw_os_error() {
-        Some(libc::ELOOP) => symbolic_link(),
-        _ => e,
-    })?);
-    // Judged again on what was opened, which may have replaced what was looked at.
+    // the shim's, not those of kernel settings (fs.protected_regular). What
+    // is opened is then what was judged, or a file made anew.
+    let mut looks = 0;
+    let file = loop {
+        looks += 1;
+        match open_at(dir.as_raw_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0) {
+            Ok(fd) => {
+                let looked = File::from(fd);
+                writable(&looked.metadata()?)?;
+                break reopen(&looked).or_else(|e| match e.kind() {
+                    // No /proc (a container, a chroot): by name, the checks after
+                    // the open stand between the look and a file put there since.
+                    io::ErrorKind::NotFound => match open_at(dir.as_raw_fd(), &name, WRITE | libc::O_CREAT, 0o600) {
+                        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(symbolic_link()),
+                        opened => opened.map(File::from),
+                    },
+                    _ => Err(e),
+                })?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match fresh(&dir, &name) {
+                // Something was put there since the look: look at it.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && looks < MAX_LOOKS => {}
+                made => break made?,
+            },
+            Err(e) => return Err(e),
+        }
+    };
+    // Judged again on what was opened, where it was opened by name.
     writable(&file.metadata()?)?;
-    // Truncated only now: no O_TRUNC, which would empty a refused file.
     file.set_len(0)?;
     Ok(Opened { file, place: Some((dir, name)) })
+}
+
+/// The file `looked` (an `O_PATH` descriptor) opened for writing through
+/// `/proc/self/fd`: the inode judged, whatever its name names now.
+fn reopen(looked: &File) -> io::Result<File> {
+    let path = c_string(&format!("/proc/self/fd/{}", looked.as_raw_fd()))?;
+    // Without O_NOFOLLOW: the /proc name is the link to follow.
+    open_at(libc::AT_FDCWD, &path, WRITE & !libc::O_NOFOLLOW, 0).map(File::from)
+}
+
+/// `name` in `dir`, made for writing (mode 0600) if no name is there:
+/// anything put there since the look (a FIFO) fails with EEXIST, unopened.
+fn fresh(dir: &OwnedFd, name: &CStr) -> io::Result<File> {
+    open_at(dir.as_raw_fd(), name, WRITE | libc::O_CREAT | libc::O_EXCL, 0o600).map(File::from)
 }
 
 /// The descriptor `path` names when it is one of the program's own:
@@ -524,6 +560,28 @@ mod tests {
         action();
         let e = File::from(watch).read(&mut [0; 4096]).err();
         !e.is_some_and(|e| e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    #[test]
+    fn what_appears_after_the_look_is_not_opened() {
+        let dir = scratch("race");
+        let fifo = dir.join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let _reader = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+        let at = File::from(walk(text(&dir)).unwrap());
+        let name = c_string("fifo").unwrap();
+        // A look that found nothing is followed by this: a FIFO put there since fails.
+        let made = || assert_eq!(fresh(&at.try_clone().unwrap().into(), &name).unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        assert!(!opened_for_writing(&fifo, made), "the FIFO was opened for writing");
+        // A look that found a file opens that file, whatever its name names since.
+        let path = dir.join("out");
+        std::fs::write(&path, "old").unwrap();
+        let looked = File::open(&path).unwrap();
+        std::fs::rename(&fifo, &path).unwrap();
+        let reopened = reopen(&looked).unwrap();
+        assert_eq!(reopened.metadata().unwrap().ino(), looked.metadata().unwrap().ino());
+        assert!(reopened.metadata().unwrap().is_file());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
