@@ -15,6 +15,7 @@
  *            left over).
  * The figures are printed as "# " lines. */
 #include "common.h"
+#include "child.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -84,36 +85,11 @@ static long told(int fd) {
   return n > 0 ? atol(line) : -1;
 }
 
-/* `role` of this program in a child, its stdin and stdout on two pipes. */
-struct child {
-  pid_t pid;
-  int to, from; /* the parent's ends */
-};
-
-static struct child start(const char *role, int n) {
-  int to_child[2], from_child[2];
-  CHECK(pipe2(to_child, O_CLOEXEC) == 0 && pipe2(from_child, O_CLOEXEC) == 0);
+/* `role` of this program in a child, given a count. */
+static struct child start_n(const char *role, int n) {
   char arg[16];
   snprintf(arg, sizeof arg, "%d", n);
-  fflush(stdout);
-  struct child c = {fork(), to_child[1], from_child[0]};
-  if (c.pid == 0) {
-    dup2(to_child[0], 0);
-    dup2(from_child[1], 1);
-    execl("/proc/self/exe", "ipc_leases", role, arg, (char *)NULL);
-    _exit(127);
-  }
-  close(to_child[0]);
-  close(from_child[1]);
-  return c;
-}
-
-static int finish(struct child c) {
-  close(c.to);
-  close(c.from);
-  int status = 0;
-  waitpid(c.pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return start_child("ipc_leases", role, arg);
 }
 
 /* ---- the exporter's side ---- */
@@ -221,7 +197,7 @@ static void many(void) {
   enum { N = 5000 };
   CHECK_CUDA(cudaFree(0));
   int fds_before = fd_count();
-  struct child exporter = start("exporter", N);
+  struct child exporter = start_n("exporter", N);
   static cudaIpcMemHandle_t handles[N];
   static void *opened[N];
   read_all(exporter.from, handles, sizeof handles);
@@ -236,7 +212,7 @@ static void many(void) {
   int fds_closed = fd_count();
   say(exporter.to, 'r');
   long freed = told(exporter.from);
-  CHECK(finish(exporter) == 0);
+  CHECK(finish_child(exporter) == 0);
   printf("# %d of %d opens succeeded under a limit of 1024 descriptors\n", opens, N);
   printf("# importer's descriptors: %d before, %d with the handles open, %d after the closes (the pipes: %d)\n", fds_started,
          fds_open, fds_closed, fds_started - fds_before);
@@ -256,12 +232,12 @@ static void killed(void) {
   static void *blocks[N];
   static cudaIpcMemHandle_t handles[N];
   export_blocks(blocks, handles, N);
-  struct child importer = start("holder", N);
+  struct child importer = start_n("holder", N);
   write_all(importer.to, handles, sizeof handles);
   long opens = told(importer.from);
   int held = free_all(blocks, N);
   kill(importer.pid, SIGKILL);
-  CHECK(finish(importer) == 128 + SIGKILL);
+  CHECK(finish_child(importer) == 128 + SIGKILL);
   int freed = released(blocks, N);
   printf("# the importer opened %ld of %d handles; %d blocks held when freed, %d freed once it was killed\n", opens, N, held,
          freed);
@@ -327,7 +303,7 @@ static void in_two_threads(void *(*work)(void *), struct worker *w) {
 
 static void threads(void) {
   CHECK_CUDA(cudaFree(0));
-  struct child exporter = start("exporter", ALL);
+  struct child exporter = start_n("exporter", ALL);
   static cudaIpcMemHandle_t handles[ALL];
   read_all(exporter.from, handles, sizeof handles);
   int fds_started = fd_count();
@@ -344,7 +320,7 @@ static void threads(void) {
   int close_failures = w[0].failures + w[1].failures;
   say(exporter.to, 'r');
   long freed = told(exporter.from);
-  CHECK(finish(exporter) == 0);
+  CHECK(finish_child(exporter) == 0);
   printf("# %d failed opens or closes in %d rounds, %d failed final closes; importer's descriptors %d before, %d with "
          "the handles open\n",
          open_failures, ROUNDS, close_failures, fds_started, fds_open);

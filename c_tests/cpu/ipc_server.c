@@ -24,6 +24,7 @@
  * The bounds leave room for a loaded machine; the figures are printed as
  * "# " lines. */
 #include "common.h"
+#include "child.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -74,36 +75,6 @@ static int connect_to(const char *path) {
   snprintf(address.sun_path, sizeof address.sun_path, "%s", path);
   CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&address, sizeof address) == 0);
   return fd;
-}
-
-/* `role` of this program in a child, its stdin and stdout on two pipes. */
-struct child {
-  pid_t pid;
-  int to, from; /* the parent's ends */
-};
-
-static struct child start(const char *role, const char *arg) {
-  int to_child[2], from_child[2];
-  CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
-  fflush(stdout);
-  struct child c = {fork(), to_child[1], from_child[0]};
-  if (c.pid == 0) {
-    dup2(to_child[0], 0);
-    dup2(from_child[1], 1);
-    execl("/proc/self/exe", "ipc_server", role, arg, (char *)NULL);
-    _exit(127);
-  }
-  close(to_child[0]);
-  close(from_child[1]);
-  return c;
-}
-
-static int finish(struct child c) {
-  close(c.to);
-  close(c.from);
-  int status = 0;
-  waitpid(c.pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 /* One line from `fd` (without its newline); 0 at EOF before any byte. */
@@ -273,7 +244,7 @@ static void stalled(void) {
   socket_path_of(&h, path, sizeof path);
   /* Started before the drip: a server holding the fork handler's lock across the stalled
    * request would delay this fork, and the open would then come after the stall. */
-  struct child opener = start("timed_opener", hex);
+  struct child opener = start_child("ipc_server", "timed_opener", hex);
   await(opener.from, 'r');
   struct drip d = {.path = path};
   pthread_t thread;
@@ -286,7 +257,7 @@ static void stalled(void) {
   int rc = -1;
   double took = -1;
   CHECK(sscanf(line, "%d %lf", &rc, &took) == 2);
-  CHECK(finish(opener) == 0);
+  CHECK(finish_child(opener) == 0);
   pthread_join(thread, NULL);
   printf("# another process's open took %.1f ms (code %d) while a client stalled\n", took, rc);
   printf("# the stalled client was cut off %.1f ms after connecting\n", d.cut_off_after);
@@ -304,7 +275,7 @@ static void connect_silently(const char *path, int *fds, int n) {
 
 static void silent(void) {
   CHECK_CUDA(cudaFree(0));
-  struct child exporter = start("forking_exporter", "-");
+  struct child exporter = start_child("ipc_server", "forking_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
   cudaIpcMemHandle_t h = from_hex(line);
@@ -327,7 +298,7 @@ static void silent(void) {
   while (read(exporter.from, line, sizeof line) > 0) { /* EOF: the exporter is gone */
   }
   double exit_took = now_ms() - last;
-  CHECK(finish(exporter) == 0);
+  CHECK(finish_child(exporter) == 0);
   for (int i = 0; i < 60; i++) close(fds[i]);
   printf("# %d of 30 silent connections cut off at once; the exporter's fork took %.1f ms; with 30 more its exit took "
          "%.1f ms\n",
@@ -367,7 +338,7 @@ static void flood(void) {
   cudaIpcMemHandle_t h = exported(&block, MiB);
   char hex[129];
   to_hex(&h, hex);
-  struct child flooder = start("flooder", hex);
+  struct child flooder = start_child("ipc_server", "flooder", hex);
   await(flooder.from, 'o');
   CHECK_CUDA(cudaFree(block)); /* held for the lease */
   double cpu_before = cpu_seconds();
@@ -377,7 +348,7 @@ static void flood(void) {
   int ended = 0;
   CHECK(read_line(flooder.from, line, sizeof line) && sscanf(line, "%zu %d", &sent, &ended) == 2);
   double cpu = cpu_seconds() - cpu_before;
-  CHECK(finish(flooder) == 0);
+  CHECK(finish_child(flooder) == 0);
   printf("# the exporter spent %.3f s of CPU while a lease sent %zu bytes\n", cpu, sent);
   CHECK(ended);
   CHECK(cpu < 0.5);
@@ -419,7 +390,7 @@ static int open_after_death(const cudaIpcMemHandle_t *h, const char *what) {
 
 static void killed(void) {
   CHECK_CUDA(cudaFree(0));
-  struct child exporter = start("killed_exporter", "-");
+  struct child exporter = start_child("ipc_server", "killed_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
   cudaIpcMemHandle_t h = from_hex(line);
@@ -428,19 +399,19 @@ static void killed(void) {
   CHECK(state_of(exporter.pid) == 'Z');
   int rc = open_after_death(&h, "a killed exporter not reaped yet");
   printf("open the handle of a killed exporter not reaped yet: %d\n", rc);
-  CHECK(finish(exporter) == 128 + SIGKILL);
+  CHECK(finish_child(exporter) == 128 + SIGKILL);
 }
 
 static void forked(void) {
   CHECK_CUDA(cudaFree(0));
-  struct child exporter = start("forked_exporter", "-");
+  struct child exporter = start_child("ipc_server", "forked_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
   cudaIpcMemHandle_t h = from_hex(line);
   int child = 0;
   CHECK(read_line(exporter.from, line, sizeof line) && (child = atoi(line)) > 0);
   kill(exporter.pid, SIGKILL);
-  CHECK(finish(exporter) == 128 + SIGKILL);
+  CHECK(finish_child(exporter) == 128 + SIGKILL);
   int rc = open_after_death(&h, "a killed exporter whose forked child lives");
   if (child > 0) kill(child, SIGKILL);
   printf("open the handle of a killed exporter whose forked child lives: %d\n", rc);
@@ -483,9 +454,9 @@ static void fork_import(void) {
   cudaIpcMemHandle_t mine = exported(&block, MiB);
   char hex[129];
   to_hex(&mine, hex);
-  struct child opener = start("timed_opener", hex);
+  struct child opener = start_child("ipc_server", "timed_opener", hex);
   await(opener.from, 'r');
-  struct child exporter = start("killed_exporter", "-");
+  struct child exporter = start_child("ipc_server", "killed_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
   struct opening o = {.h = from_hex(line)};
@@ -512,9 +483,9 @@ static void fork_import(void) {
   pthread_join(opening_thread, NULL);
   pthread_join(forking_thread, NULL);
   if (o.rc == 0) CHECK_CUDA(cudaIpcCloseMemHandle(o.p));
-  CHECK(finish(opener) == 0);
+  CHECK(finish_child(opener) == 0);
   kill(exporter.pid, SIGKILL); /* it holds its stdin's other end: no EOF comes */
-  CHECK(finish(exporter) == 128 + SIGKILL);
+  CHECK(finish_child(exporter) == 128 + SIGKILL);
   printf("# while an open waited on an exporter stopped for %d ms: the fork took %.1f ms, cudaMalloc+cudaFree %.1f ms, "
          "another process's open %.1f ms (code %d); the waiting open gave %d\n",
          STOPPED_MS, fork_took, alloc_took, open_took, rc, o.rc);
@@ -546,7 +517,7 @@ static void signalled(void) {
   CHECK_CUDA(cudaFree(0));
   struct sigaction action = {.sa_handler = on_alarm}; /* no SA_RESTART */
   CHECK(sigaction(SIGALRM, &action, NULL) == 0);
-  struct child exporter = start("killed_exporter", "-");
+  struct child exporter = start_child("ipc_server", "killed_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
   cudaIpcMemHandle_t h = from_hex(line);
@@ -561,7 +532,7 @@ static void signalled(void) {
   pthread_join(thread, NULL);
   if (rc == 0) CHECK_CUDA(cudaIpcCloseMemHandle(p));
   kill(exporter.pid, SIGKILL); /* it holds its stdin's other end: no EOF comes */
-  CHECK(finish(exporter) == 128 + SIGKILL);
+  CHECK(finish_child(exporter) == 128 + SIGKILL);
   printf("# an open interrupted by a signal 50 ms in gave %d in %.1f ms (the exporter stopped for 300 ms)\n", rc, took);
   CHECK(rc == 0);
   printf("an open interrupted by a signal: %d\n", rc);

@@ -1,0 +1,42 @@
+/* A test program that plays several processes: `start_child` runs this
+ * program again as `role`, its stdin and stdout on two pipes whose other ends
+ * the parent keeps; `finish_child` closes them and gives the exit status (or
+ * 128 + the signal that ended it). */
+#ifndef SOMASHIM_CHILD_H
+#define SOMASHIM_CHILD_H
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "../check.h"
+
+struct child {
+  pid_t pid;
+  int to, from; /* the parent's ends */
+};
+
+static struct child start_child(const char *program, const char *role, const char *arg) {
+  int to_child[2], from_child[2];
+  CHECK(pipe2(to_child, O_CLOEXEC) == 0 && pipe2(from_child, O_CLOEXEC) == 0);
+  fflush(stdout);
+  struct child c = {fork(), to_child[1], from_child[0]};
+  if (c.pid == 0) {
+    dup2(to_child[0], 0);
+    dup2(from_child[1], 1);
+    execl("/proc/self/exe", program, role, arg, (char *)NULL);
+    _exit(127);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  return c;
+}
+
+static int finish_child(struct child c) {
+  close(c.to);
+  close(c.from);
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+#endif
