@@ -71,6 +71,9 @@ struct SharedBlock {
     secret: Secret,
     /// The device whose pool holds the block: a reset of it ends the export.
     device: i32,
+    /// The id of the device's context at the export: the server exports
+    /// the block only from a pool of that context, never one made since.
+    context_id: u64,
     leases: u32,
     /// Freed by the program while leased: freed for real after the last lease.
     held: Option<Block>,
@@ -80,7 +83,7 @@ impl SharedBlocks {
     /// Exports the live block at `base`: the secret of its handle (the same
     /// for every export of one allocation, as the real handle is), and the
     /// block; None if `base` is not a live block of the pool's.
-    pub fn export(&self, map: &PointerMap, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
+    pub fn export(&self, map: &PointerMap, base: u64, context_id: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
         let mut table = lock(&self.table);
         let (block, shared_before) = map.share(base)?;
         let secret = match table.get(&base) {
@@ -89,7 +92,7 @@ impl SharedBlocks {
             // (Without a secret it stays marked shared and unexported: a later export draws one.)
             _ => {
                 let secret = new_secret()?;
-                table.insert(base, SharedBlock { secret, device: block.device, leases: 0, held: None });
+                table.insert(base, SharedBlock { secret, device: block.device, context_id, leases: 0, held: None });
                 secret
             }
         };
@@ -97,15 +100,16 @@ impl SharedBlocks {
     }
 
     /// An importer presents `secret` for `base`: a lease on the block if it
-    /// is the live allocation that export named.
-    pub fn lease(&self, map: &PointerMap, base: u64, secret: &Secret) -> Option<Block> {
+    /// is the live allocation that export named, and the id of the context
+    /// it was exported in.
+    pub fn lease(&self, map: &PointerMap, base: u64, secret: &Secret) -> Option<(Block, u64)> {
         let mut table = lock(&self.table);
         let export = table.get_mut(&base).filter(|export| export.held.is_none() && same_secret(&export.secret, secret))?;
         // Checked under the table's lock: a free marks the block pending
         // before it takes the lock, so it either sees this lease or it is seen.
         let block = map.live_shared_block(base)?;
         export.leases += 1;
-        Some(block)
+        Some((block, export.context_id))
     }
 
     /// The program freed the exported block at `base` (pending in the map):
@@ -176,29 +180,29 @@ mod tests {
     fn handles_of_one_allocation_share_a_secret_and_a_new_allocation_gets_another() {
         let (map, shared) = (PointerMap::default(), SharedBlocks::default());
         map.insert(0x1000, B);
-        let (first, _) = shared.export(&map, 0x1000, || Some([1; 32])).unwrap();
-        let (again, _) = shared.export(&map, 0x1000, || Some([2; 32])).unwrap();
+        let (first, _) = shared.export(&map, 0x1000, 1, || Some([1; 32])).unwrap();
+        let (again, _) = shared.export(&map, 0x1000, 1, || Some([2; 32])).unwrap();
         assert_eq!((first, again), ([1; 32], [1; 32]));
         assert!(!shared.freed(0x1000, B), "no lease: freed at once");
         map.returned(0x1000);
         map.insert(0x1000, B);
         assert_eq!(shared.lease(&map, 0x1000, &[1; 32]), None, "a stale handle opens nothing");
-        let (new, _) = shared.export(&map, 0x1000, || Some([3; 32])).unwrap();
+        let (new, _) = shared.export(&map, 0x1000, 1, || Some([3; 32])).unwrap();
         assert_eq!(new, [3; 32]);
-        assert_eq!(shared.export(&map, 0x2000, || Some([4; 32])), None, "not a pool block");
+        assert_eq!(shared.export(&map, 0x2000, 1, || Some([4; 32])), None, "not a pool block");
     }
 
     #[test]
     fn a_leased_block_is_held_until_its_last_lease_ends() {
         let (map, shared) = (PointerMap::default(), SharedBlocks::default());
         map.insert(0x1000, B);
-        let (secret, _) = shared.export(&map, 0x1000, || Some([9; 32])).unwrap();
+        let (secret, _) = shared.export(&map, 0x1000, 1, || Some([9; 32])).unwrap();
         assert_eq!(shared.lease(&map, 0x1000, &[8; 32]), None, "a forged secret");
         let mut last_byte_wrong = [9; 32];
         last_byte_wrong[31] = 8;
         assert_eq!(shared.lease(&map, 0x1000, &last_byte_wrong), None, "one byte off");
-        assert_eq!(shared.lease(&map, 0x1000, &secret), Some(B));
-        assert_eq!(shared.lease(&map, 0x1000, &secret), Some(B));
+        assert_eq!(shared.lease(&map, 0x1000, &secret), Some((B, 1)));
+        assert_eq!(shared.lease(&map, 0x1000, &secret), Some((B, 1)));
         assert_eq!(shared.lease_ended(0x1000, &secret), None, "not freed: nothing to do");
         assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
         assert!(shared.freed(0x1000, B), "leased: held");
@@ -211,16 +215,16 @@ mod tests {
     fn a_reset_ends_the_device_sharing_and_their_old_leases_touch_no_new_one() {
         let (map, shared) = (PointerMap::default(), SharedBlocks::default());
         map.insert(0x1000, B);
-        let (old, _) = shared.export(&map, 0x1000, || Some([1; 32])).unwrap();
-        assert_eq!(shared.lease(&map, 0x1000, &old), Some(B));
+        let (old, _) = shared.export(&map, 0x1000, 1, || Some([1; 32])).unwrap();
+        assert_eq!(shared.lease(&map, 0x1000, &old), Some((B, 1)));
         assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
         assert!(shared.freed(0x1000, B), "leased: held");
         shared.forget_device(0);
         map.take_device(0);
         map.insert(0x1000, B); // the new pool hands the address out again
         assert_eq!(shared.lease_ended(0x1000, &old), None, "the held block went with the reset");
-        let (new, _) = shared.export(&map, 0x1000, || Some([2; 32])).unwrap();
-        assert_eq!(shared.lease(&map, 0x1000, &new), Some(B));
+        let (new, _) = shared.export(&map, 0x1000, 2, || Some([2; 32])).unwrap();
+        assert_eq!(shared.lease(&map, 0x1000, &new), Some((B, 2)), "the new context's export");
         assert_eq!(shared.lease_ended(0x1000, &old), None, "an old lease");
         assert_eq!(map.claim_for_free(0x1000, crate::core::ptrmap::MemoryKind::Device), crate::core::ptrmap::Claim::Shared(B));
         assert!(shared.freed(0x1000, B), "the new lease still holds it");

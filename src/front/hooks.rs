@@ -553,10 +553,11 @@ pub fn end_capture(stream: *mut c_void, real: impl FnOnce() -> u32) -> u32 {
 /// forgets its pool and pointers first and makes new ones on next use.
 pub fn device_reset(device: Option<i32>, real: impl FnOnce() -> u32) -> u32 {
     let allocator = allocator();
-    // No step of the shim's thread may touch the device until its context is new.
+    // No step of the shim's threads (the reclaimer's, then the IPC server's: the fork's
+    // order) may touch the device until its pools are forgotten and its context is new.
     let _paused = allocator.reclaimer.pause();
     if let (Some(driver), Some(device)) = (driver::loaded(), device) {
-        allocator.device_resetting(driver, device);
+        super::ipc_server::between_steps(|| allocator.device_resetting(driver, device));
     }
     real()
 }

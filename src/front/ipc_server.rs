@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::ipc_wire::{decode_request, send_all, send_with_fd, Op, Reply, REQUEST_LEN};
 use crate::core::allocator::state::Allocator;
+use crate::core::ptrmap::Block;
 use crate::core::shared_blocks::{IpcHandle, Secret};
 use crate::core::locks::{lock, try_lock};
 use crate::cuda::driver::{self, PointerExport};
@@ -254,6 +255,15 @@ pub(super) struct Served {
 /// does a fork (at most on a step's driver calls).
 pub(super) static SERVED: Mutex<Option<Served>> = Mutex::new(None);
 
+/// Runs `forget` (a device reset's forgetting of the device's pools) with
+/// no server step under way, so that no step exports from a pool being
+/// destroyed. A step waits on no client: this waits on its driver calls at
+/// most. The caller has paused the reclaimer first (the fork's order).
+pub fn between_steps<R>(forget: impl FnOnce() -> R) -> R {
+    let _served = lock(&SERVED);
+    forget()
+}
+
 /// The server thread: answers requests and watches connections until woken.
 /// It holds no lock across poll, and none of the allocator's across its
 /// driver calls.
@@ -417,10 +427,10 @@ impl Served {
     /// A lease on the handle's block for `client` and its answer (the pool's
     /// descriptor with it if the connection has not had it): whether it was sent.
     fn grant(&mut self, allocator: &Allocator, client: &mut Client, handle: &IpcHandle) -> bool {
-        let Some(block) = allocator.lease(handle.base, &handle.secret) else {
+        let Some((block, context_id)) = allocator.lease(handle.base, &handle.secret) else {
             return send_all(&client.connection, &Reply::REFUSED.encode()).is_ok();
         };
-        let Some((pool, fd, data)) = self.pools.export_block(allocator, handle.base, block.device, block.size) else {
+        let Some((pool, fd, data)) = self.pools.export_block(allocator, handle.base, &block, context_id) else {
             allocator.lease_ended(handle.base, &handle.secret);
             return send_all(&client.connection, &Reply::REFUSED.encode()).is_ok();
         };
@@ -483,10 +493,13 @@ struct ExportedPool {
 
 impl ExportedPools {
     /// The block's pool (its id and descriptor, exported once per pool and
-    /// context) and the block's export data.
-    fn export_block(&mut self, allocator: &Allocator, base: u64, device: i32, size: u64) -> Option<(u64, RawFd, PointerExport)> {
+    /// context) and the block's export data; None unless the device's pool
+    /// is of the context the block was exported in (`exported_in`): after a
+    /// reset another allocation may hold its address.
+    fn export_block(&mut self, allocator: &Allocator, base: u64, block: &Block, exported_in: u64) -> Option<(u64, RawFd, PointerExport)> {
         let driver = driver::loaded()?;
-        let (pool, context, context_id) = allocator.shareable_pool(device, size)?;
+        let device = block.device;
+        let (pool, context, context_id) = allocator.shareable_pool(device, block.size).filter(|&(_, _, id)| id == exported_in)?;
         let exported = driver.with_context(context, || -> Result<_, crate::cuda::gpu::CuError> {
             // The pool first: the driver exports blocks only of a pool already
             // shared (measured: the block's export refuses with invalid value before).

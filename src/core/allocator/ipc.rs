@@ -15,6 +15,7 @@ impl Allocator {
     /// None where the shim cannot export it: the real call answers.
     pub fn export(&self, driver: &impl Gpu, base: u64, new_secret: impl FnOnce() -> Option<Secret>) -> Option<(Secret, Block)> {
         let block = self.map.live_block(base)?;
+        let device = self.known_device(block.device)?;
         if self.map.live_shared_block(base).is_none() {
             // A new allocation: its earlier work must be done before an
             // importer may touch it (see `Device::wait_before_export`).
@@ -24,18 +25,18 @@ impl Allocator {
             if !captures.is_empty() {
                 return None;
             }
-            let device = self.known_device(block.device)?;
             if let Err(e) = driver.with_context(device.context, || device.wait_before_export(driver)).and_then(|r| r) {
                 log::warn!("device {}: waiting for the legacy stream before an export failed: {e:?}", block.device);
                 return None;
             }
         }
-        self.shared_blocks.export(&self.map, base, new_secret)
+        self.shared_blocks.export(&self.map, base, device.context_id, new_secret)
     }
 
     /// An importer presents `secret` for `base`: a lease on the live block
-    /// that export named, if it still is one.
-    pub fn lease(&self, base: u64, secret: &Secret) -> Option<Block> {
+    /// that export named, if it still is one, and the id of the context it
+    /// was exported in.
+    pub fn lease(&self, base: u64, secret: &Secret) -> Option<(Block, u64)> {
         self.shared_blocks.lease(&self.map, base, secret)
     }
 
