@@ -539,6 +539,9 @@ ipc_server_case "a fork waiting for an open stalls neither frees nor the server"
 another process's open answered at once while a fork waits for an open: yes"
 ipc_server_case "an open interrupted by a signal still succeeds" signalled 'an open interrupted by a signal: 0'
 ipc_server_case "no server starts after the shim's exit handler" exit_export 'no server started after exit: yes'
+ipc_server_case "a poll that fails for good ends the leases and the server" poll_fails "the socket removed: yes
+the leased block freed: yes
+a new export passes through (1): yes"
 
 # Many leases over one connection, descriptors limited to 1024 in both
 # processes (ipc_leases.c, one case each; under the shim only).

@@ -20,7 +20,11 @@
  *            the handle of an exporter stopped for 300 ms: the open succeeds;
  *   exit_export  an export from an exit handler that runs after the shim's:
  *            no server starts (its thread would call the driver as the
- *            runtime tears down).
+ *            runtime tears down);
+ *   poll_fails  the server's poll fails for good (EINVAL: more descriptors
+ *            than RLIMIT_NOFILE) while a block freed by the program is
+ *            leased: the lease ends (the block is freed), the socket goes,
+ *            and a new export passes through to the real call.
  * The bounds leave room for a loaded machine; the figures are printed as
  * "# " lines. */
 #include "common.h"
@@ -570,6 +574,52 @@ static void exit_export(void) {
   CHECK(own_sockets() == 1);
 }
 
+static void poll_fails(void) {
+  void *block = NULL;
+  cudaIpcMemHandle_t h = exported(&block, MiB);
+  char hex[129], path[128];
+  to_hex(&h, hex);
+  socket_path_of(&h, path, sizeof path);
+  struct child lessee = start_child("ipc_server", "flooder", hex);
+  await(lessee.from, 'o');
+  CHECK_CUDA(cudaFree(block)); /* held for the lease */
+  /* Made before the limit, whose warning would fail the case's empty stderr. */
+  int waker = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), quiet = open("/dev/null", O_WRONLY | O_CLOEXEC), saved = dup(2);
+  CHECK(waker >= 0 && quiet >= 0 && saved >= 0 && dup2(quiet, 2) == 2);
+  struct rlimit limit, one;
+  CHECK(getrlimit(RLIMIT_NOFILE, &limit) == 0);
+  one = limit;
+  one.rlim_cur = 1; /* below the server's 3 polled descriptors */
+  CHECK(setrlimit(RLIMIT_NOFILE, &one) == 0);
+  struct sockaddr_un address = {.sun_family = AF_UNIX};
+  snprintf(address.sun_path, sizeof address.sun_path, "%s", path);
+  CHECK(connect(waker, (struct sockaddr *)&address, sizeof address) == 0); /* wakes the server */
+  for (int i = 0; i < 200 && access(path, F_OK) == 0; i++) usleep(10000);
+  int gone = access(path, F_OK) != 0;
+  CHECK(setrlimit(RLIMIT_NOFILE, &limit) == 0);
+  CHECK(dup2(saved, 2) == 2);
+  close(saved);
+  close(quiet);
+  close(waker);
+  printf("# the server's socket %s after its poll failed\n", gone ? "removed" : "still there");
+  int freed = freed_once_released(block);
+  void *other = NULL;
+  cudaIpcMemHandle_t again;
+  CHECK_CUDA(cudaMalloc(&other, MiB));
+  int rc = cudaIpcGetMemHandle(&again, other);
+  cudaGetLastError();
+  int passed = rc != 0 && memcmp(again.reserved, "SOMASHIM", 8) != 0;
+  CHECK_CUDA(cudaFree(other));
+  CHECK(write(lessee.to, "g", 1) == 1); /* its flood then fails at once */
+  char line[64];
+  read_line(lessee.from, line, sizeof line);
+  CHECK(finish_child(lessee) == 0);
+  CHECK(gone && freed && passed);
+  printf("the socket removed: %s\n", gone ? "yes" : "no");
+  printf("the leased block freed: %s\n", freed ? "yes" : "no");
+  printf("a new export passes through (%d): %s\n", rc, passed ? "yes" : "no");
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "timed_opener") == 0) return timed_opener(argv[2]);
   if (argc == 3 && strcmp(argv[1], "forking_exporter") == 0) return forking_exporter();
@@ -587,6 +637,7 @@ int main(int argc, char **argv) {
   else if (strcmp(which, "fork_import") == 0) fork_import();
   else if (strcmp(which, "signalled") == 0) signalled();
   else if (strcmp(which, "exit_export") == 0) exit_export();
-  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed, forked, fork_import, signalled or exit_export");
+  else if (strcmp(which, "poll_fails") == 0) poll_fails();
+  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed, forked, fork_import, signalled, exit_export or poll_fails");
   return report();
 }

@@ -35,6 +35,8 @@ const MAX_PENDING: usize = 16;
 /// How long the server stops accepting after a failed accept (out of
 /// descriptors, say), which leaves the listener readable: not a busy loop.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long the server waits after poll failed for want of memory.
+const POLL_BACKOFF: Duration = Duration::from_millis(10);
 /// How long exit waits for the server thread to stop.
 const STOP_WAIT: Duration = Duration::from_millis(500);
 
@@ -275,18 +277,20 @@ fn serve(allocator: &Allocator, endpoint: u64) {
         };
         // SAFETY: `polled` is a valid array of its length.
         let n = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, timeout) };
-        let failed = (n < 0).then(std::io::Error::last_os_error);
-        if failed.as_ref().is_some_and(|e| e.kind() == std::io::ErrorKind::Interrupted) {
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN | libc::ENOMEM) => std::thread::sleep(POLL_BACKOFF),
+                _ => return fail(allocator, endpoint, &e),
+            }
             continue;
         }
         let mut served = lock(&SERVED);
         if STOPPED.load(Ordering::SeqCst) {
             return;
         }
-        if failed.is_some() || polled[0].revents != 0 {
-            if let Some(e) = failed {
-                log::warn!("CUDA IPC: the server stops: poll: {e}");
-            }
+        if polled[0].revents != 0 {
             // Its sockets close with it.
             served.take_if(|served| served.endpoint == endpoint);
             return;
@@ -296,6 +300,25 @@ fn serve(allocator: &Allocator, endpoint: u64) {
             None => return,
         }
     }
+}
+
+/// The server cannot go on (poll failed for good): its clients end (their
+/// leases with them, so blocks freed while leased are freed), it is no
+/// longer advertised, and this process's exports pass through from then on.
+fn fail(allocator: &Allocator, endpoint: u64, e: &std::io::Error) {
+    log::warn!("CUDA IPC: the server stops: poll: {e}: handles of pool memory pass through");
+    let mut server = lock(&SERVER);
+    let mut served = lock(&SERVED);
+    let Some(failed) = served.take_if(|served| served.endpoint == endpoint) else { return };
+    for client in failed.pending.into_iter().chain(failed.clients) {
+        client.end(allocator);
+    }
+    if let Some(gone) = server.take_if(|s| s.endpoint == endpoint) {
+        let _ = std::fs::remove_file(&gone.path);
+    }
+    SERVING_PID.store(0, Ordering::Release);
+    SERVING_ENDPOINT.store(0, Ordering::Release);
+    FAILED_PID.store(failed.pid, Ordering::Relaxed);
 }
 
 impl Served {
