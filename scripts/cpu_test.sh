@@ -511,8 +511,9 @@ open the handle of an exited exporter: 400'
 done
 
 # The exporter's IPC server against clients that stall, stay silent or flood
-# their lease, and importers of an exporter killed unreaped or with a forked
-# child alive (ipc_server.c, one case each; under the shim only).
+# their lease, a poll that fails for good, and importers of an exporter killed
+# unreaped, with a forked child alive, or gone leaving its socket file
+# (ipc_server.c, one case each; under the shim only).
 ipc_server_case() { # name case expected-stdout
   local name="ipc server: $1"
   wanted "$name" || return 0
@@ -542,6 +543,8 @@ ipc_server_case "no server starts after the shim's exit handler" exit_export 'no
 ipc_server_case "a poll that fails for good ends the leases and the server" poll_fails "the socket removed: yes
 the leased block freed: yes
 a new export passes through (1): yes"
+ipc_server_case "a socket file whose listener is gone: 400, and the file removed" stale_socket 'open against a socket whose listener is gone: 400
+the stale socket file removed: yes'
 
 # Many leases over one connection, descriptors limited to 1024 in both
 # processes (ipc_leases.c, one case each; under the shim only).

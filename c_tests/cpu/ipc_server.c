@@ -24,7 +24,10 @@
  *   poll_fails  the server's poll fails for good (EINVAL: more descriptors
  *            than RLIMIT_NOFILE) while a block freed by the program is
  *            leased: the lease ends (the block is freed), the socket goes,
- *            and a new export passes through to the real call.
+ *            and a new export passes through to the real call;
+ *   stale_socket  an open of a handle whose socket file's listener is gone
+ *            (its exporter killed; its pid, this process's, alive): 400,
+ *            and the file removed.
  * The bounds leave room for a loaded machine; the figures are printed as
  * "# " lines. */
 #include "common.h"
@@ -37,6 +40,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -376,8 +380,8 @@ static char state_of(pid_t pid) {
   return end && end[1] ? end[2] : 0;
 }
 
-/* The code and time of an open of `h`, whose exporter has died; its socket
- * file, which a killed exporter leaves, goes. */
+/* The code and time of an open of `h`, whose exporter has died; the socket
+ * file a killed exporter leaves is gone with the open. */
 static int open_after_death(const cudaIpcMemHandle_t *h, const char *what) {
   void *p = (void *)0x1;
   double t0 = now_ms();
@@ -388,7 +392,7 @@ static int open_after_death(const cudaIpcMemHandle_t *h, const char *what) {
   CHECK(rc == 400 && took < ANSWER_BOUND_MS);
   char path[128];
   socket_path_of(h, path, sizeof path);
-  unlink(path);
+  CHECK(access(path, F_OK) != 0);
   return rc;
 }
 
@@ -620,6 +624,39 @@ static void poll_fails(void) {
   printf("a new export passes through (%d): %s\n", rc, passed ? "yes" : "no");
 }
 
+static void stale_socket(void) {
+  CHECK_CUDA(cudaFree(0));
+  cudaIpcMemHandle_t h = {{0}};
+  uint32_t version = 1, pid = (uint32_t)getpid();
+  uint64_t endpoint = 0x57a1e50c4e700000ull | pid, base = 0x7f0000000000ull;
+  memcpy(h.reserved, "SOMASHIM", 8);
+  memcpy(h.reserved + 8, &version, sizeof version);
+  memcpy(h.reserved + 12, &pid, sizeof pid);
+  memcpy(h.reserved + 16, &endpoint, sizeof endpoint);
+  memcpy(h.reserved + 24, &base, sizeof base);
+  char dir[64], path[128];
+  snprintf(dir, sizeof dir, "/tmp/somashim-%u", (unsigned)geteuid());
+  mkdir(dir, 0700); /* the shim's own checks judge it */
+  socket_path_of(&h, path, sizeof path);
+  /* A listener closed without its file removed, as a killed exporter's. */
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un address = {.sun_family = AF_UNIX};
+  snprintf(address.sun_path, sizeof address.sun_path, "%s", path);
+  CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&address, sizeof address) == 0 && listen(fd, 1) == 0);
+  close(fd);
+  void *p = (void *)0x1;
+  double t0 = now_ms();
+  int rc = cudaIpcOpenMemHandle(&p, h, 0);
+  double took = now_ms() - t0;
+  cudaGetLastError();
+  int removed = access(path, F_OK) != 0;
+  unlink(path);
+  printf("# the open against a socket whose listener is gone gave %d in %.1f ms\n", rc, took);
+  CHECK(rc == 400 && removed);
+  printf("open against a socket whose listener is gone: %d\n", rc);
+  printf("the stale socket file removed: %s\n", removed ? "yes" : "no");
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "timed_opener") == 0) return timed_opener(argv[2]);
   if (argc == 3 && strcmp(argv[1], "forking_exporter") == 0) return forking_exporter();
@@ -638,6 +675,7 @@ int main(int argc, char **argv) {
   else if (strcmp(which, "signalled") == 0) signalled();
   else if (strcmp(which, "exit_export") == 0) exit_export();
   else if (strcmp(which, "poll_fails") == 0) poll_fails();
-  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed, forked, fork_import, signalled, exit_export or poll_fails");
+  else if (strcmp(which, "stale_socket") == 0) stale_socket();
+  else CHECK(!"IPC_SERVER_CASE is stalled, silent, flood, killed, forked, fork_import, signalled, exit_export, poll_fails or stale_socket");
   return report();
 }

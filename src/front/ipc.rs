@@ -28,6 +28,7 @@
 use std::collections::HashMap;
 use std::ffi::c_uint;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -184,7 +185,16 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     }
     let unanswered = || if exporter_gone(handle.pid) { Refused::ExporterGone } else { Refused::Invalid };
     let deadline = Instant::now() + EXCHANGE_TIMEOUT;
-    let id = imports.link((handle.pid, handle.endpoint, device), deadline).map_err(|_| unanswered())?;
+    let id = match imports.link((handle.pid, handle.endpoint, device), deadline) {
+        Ok(id) => id,
+        // A listener closes only with its exporter (a forked child closes its copy): the
+        // file is a dead exporter's, whose pid may be another process's by now.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+            remove_stale_socket(handle);
+            return Err(Refused::ExporterGone);
+        }
+        Err(_) => return Err(unanswered()),
+    };
     let link = imports.links.get_mut(&id).ok_or(Refused::Invalid)?;
     let Ok((reply, pool_fd)) = link.exchange(Op::Open, handle, deadline) else {
         imports.retire(id);
@@ -279,8 +289,21 @@ impl Link {
     }
 }
 
-/// Whether process `pid` has exited: there is none, or it is a zombie its
-/// parent has not reaped (its sockets are closed all the same).
+/// Removes the socket file of the handle's exporter, which is gone: only a
+/// socket of this user's, in the shim's directory (which only this user may enter).
+fn remove_stale_socket(handle: &IpcHandle) {
+    let Ok(dir) = socket_dir() else { return };
+    let path = socket_path(&dir, handle.pid, handle.endpoint);
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.file_type().is_socket() && meta.uid() == uid) {
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Whether process `pid` has exited (asked where its socket did not refuse
+/// the connect: missing, or a connection closed unanswered): there is none,
+/// or it is a zombie its parent has not reaped (its sockets are closed all the same).
 fn exporter_gone(pid: u32) -> bool {
     // 0 and negative pids name process groups.
     let Some(pid) = libc::pid_t::try_from(pid).ok().filter(|&pid| pid > 0) else { return false };
