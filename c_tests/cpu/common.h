@@ -228,4 +228,22 @@ static inline void show_problem(const char *where) {
       check_failures++;                                                           \
     }                                                                             \
   } while (0)
+
+/* Whether the block at p, freed by the program while leased, is freed for
+ * real once the lease has ended: the server sees the end on its own thread,
+ * so the next allocations (which issue the frees it queued) are retried. */
+static inline int freed_once_released(void *p) {
+  struct fakecuda_ptr_info info;
+  for (int attempt = 0; attempt < 200; attempt++) {
+    void *next = NULL;
+    CHECK_CUDA(cudaMalloc(&next, MiB));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    int live = fakecuda_ptr_info(p, &info) && info.base == (uintptr_t)p;
+    CHECK_CUDA(cudaFree(next));
+    if (!live || next == p) return 1;
+    usleep(10000);
+  }
+  return 0;
+}
+
 #endif

@@ -325,22 +325,6 @@ static double cpu_seconds(void) {
   return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
 }
 
-/* Whether the block at p, freed by the program while leased, is freed for
- * real (the next allocations issue the frees the server queued). */
-static int freed_once_released(void *p) {
-  struct fakecuda_ptr_info info;
-  for (int attempt = 0; attempt < 200; attempt++) {
-    void *next = NULL;
-    CHECK_CUDA(cudaMalloc(&next, MiB));
-    CHECK_CUDA(cudaDeviceSynchronize());
-    int live = fakecuda_ptr_info(p, &info) && info.base == (uintptr_t)p;
-    CHECK_CUDA(cudaFree(next));
-    if (!live || next == p) return 1;
-    usleep(10000);
-  }
-  return 0;
-}
-
 static void flood(void) {
   void *block = NULL;
   cudaIpcMemHandle_t h = exported(&block, MiB);
