@@ -17,16 +17,6 @@
 
 #include <sys/wait.h>
 
-static void to_hex(const cudaIpcMemHandle_t *h, char *hex) {
-  for (size_t i = 0; i < sizeof *h; i++) sprintf(hex + 2 * i, "%02x", ((const unsigned char *)h)[i]);
-}
-
-static cudaIpcMemHandle_t from_hex(const char *hex) {
-  cudaIpcMemHandle_t h;
-  for (size_t i = 0; i < sizeof h; i++) sscanf(hex + 2 * i, "%2hhx", &((unsigned char *)&h)[i]);
-  return h;
-}
-
 static pid_t start(const char *role, const char *arg, int in, int out) {
   fflush(stdout);
   pid_t pid = fork();

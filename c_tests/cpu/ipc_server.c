@@ -57,16 +57,6 @@ static double now_ms(void) {
   return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
-static void to_hex(const cudaIpcMemHandle_t *h, char *hex) {
-  for (size_t i = 0; i < sizeof *h; i++) sprintf(hex + 2 * i, "%02x", ((const unsigned char *)h)[i]);
-}
-
-static cudaIpcMemHandle_t from_hex(const char *hex) {
-  cudaIpcMemHandle_t h;
-  for (size_t i = 0; i < sizeof h; i++) sscanf(hex + 2 * i, "%2hhx", &((unsigned char *)&h)[i]);
-  return h;
-}
-
 /* The exporter's socket, as the shim's handle names it (pid at byte 12,
  * endpoint at 16, little-endian). */
 static void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size) {
