@@ -15,7 +15,7 @@
  *            left over).
  * The figures are printed as "# " lines. */
 #include "common.h"
-#include "child.h"
+#include "../child.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -43,24 +43,6 @@ static int can_open_a_file(void) {
   if (fd < 0) return 0;
   close(fd);
   return 1;
-}
-
-static void read_all(int fd, void *bytes, size_t size) {
-  for (size_t got = 0; got < size;) {
-    ssize_t n = read(fd, (char *)bytes + got, size - got);
-    CHECK(n > 0);
-    if (n <= 0) return;
-    got += (size_t)n;
-  }
-}
-
-static void write_all(int fd, const void *bytes, size_t size) {
-  for (size_t put = 0; put < size;) {
-    ssize_t n = write(fd, (const char *)bytes + put, size - put);
-    CHECK(n > 0);
-    if (n <= 0) return;
-    put += (size_t)n;
-  }
 }
 
 static void say(int fd, char byte) { write_all(fd, &byte, 1); }

@@ -31,7 +31,8 @@
  * The bounds leave room for a loaded machine; the figures are printed as
  * "# " lines. */
 #include "common.h"
-#include "child.h"
+#include "../child.h"
+#include "../shim_ipc_socket.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -55,24 +56,6 @@ static double now_ms(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t); /* one clock for every process */
   return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-/* The exporter's socket, as the shim's handle names it (pid at byte 12,
- * endpoint at 16, little-endian). */
-static void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size) {
-  uint32_t pid;
-  uint64_t endpoint;
-  memcpy(&pid, h->reserved + 12, sizeof pid);
-  memcpy(&endpoint, h->reserved + 16, sizeof endpoint);
-  snprintf(path, size, "/tmp/somashim-%u/%u-%016llx", (unsigned)geteuid(), pid, (unsigned long long)endpoint);
-}
-
-static int connect_to(const char *path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_un address = {.sun_family = AF_UNIX};
-  snprintf(address.sun_path, sizeof address.sun_path, "%s", path);
-  CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&address, sizeof address) == 0);
-  return fd;
 }
 
 /* One line from `fd` (without its newline); 0 at EOF before any byte. */
@@ -164,38 +147,11 @@ static int killed_exporter(int fork_first) {
 #define FLOOD_BYTES ((size_t)32 << 20)
 static int flooder(const char *hex) {
   cudaIpcMemHandle_t h = from_hex(hex);
-  char path[128];
-  socket_path_of(&h, path, sizeof path);
-  int fd = connect_to(path);
-  unsigned char request[4 + sizeof h] = {1}; /* open (src/front/ipc_wire.rs) */
-  memcpy(request + 4, &h, sizeof h);
-  CHECK(send(fd, request, sizeof request, MSG_NOSIGNAL) == (ssize_t)sizeof request);
-  unsigned char reply[76];
-  uint64_t control[4];
-  struct iovec iov = {reply, sizeof reply};
-  struct msghdr message = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-  CHECK(recvmsg(fd, &message, MSG_WAITALL | MSG_CMSG_CLOEXEC) == (ssize_t)sizeof reply);
-  CHECK(memcmp(reply, "\0\0\0\0", 4) == 0); /* granted */
-  struct cmsghdr *header = CMSG_FIRSTHDR(&message);
-  CHECK(header && header->cmsg_type == SCM_RIGHTS);
-  if (header) {
-    int pool_fd;
-    memcpy(&pool_fd, CMSG_DATA(header), sizeof pool_fd);
-    close(pool_fd);
-  }
+  int fd = take_lease(&h);
   say('o');
   await(0, 'g');
-  static char chunk[64 << 10];
-  size_t sent = 0;
   int ended = 0;
-  while (sent < FLOOD_BYTES) {
-    ssize_t n = send(fd, chunk, sizeof chunk, MSG_NOSIGNAL);
-    if (n < 0) {
-      ended = errno == EPIPE || errno == ECONNRESET;
-      break;
-    }
-    sent += (size_t)n;
-  }
+  size_t sent = flood_lease(fd, FLOOD_BYTES, &ended);
   printf("%zu %d\n", sent, ended);
   close(fd);
   return check_failures ? 1 : 0;

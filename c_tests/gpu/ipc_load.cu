@@ -14,15 +14,13 @@
  *           exporter spends little CPU on it and ends the lease; a later open
  *           is served as before.
  * Open costs and the other figures are "# " lines. */
-#include "ipc_common.h"
+#include "gpu_common.h"
+#include "../child.h"
+#include "../shim_ipc_socket.h"
 
 #include <dirent.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 
 #define BLOCKS 5000
 #define BLOCK_BYTES (2 * MiB) /* a whole allocation natively: one handle each */
@@ -35,46 +33,6 @@
 #define FLOOD_CPU_BOUND_S 0.5
 
 /* ---- plumbing ---- */
-
-struct kid {
-  pid_t pid;
-  int to, from;
-};
-
-/* This program again as "ROLE ARG", with pipes to its stdin and from its
- * stdout (close-on-exec: a child holding a pipe's other end never sees EOF). */
-static struct kid start_kid(const char *self, const char *role, const char *arg) {
-  int down[2], up[2];
-  CHECK(pipe2(down, O_CLOEXEC) == 0 && pipe2(up, O_CLOEXEC) == 0);
-  struct kid k = {start_child(self, role, arg, down[0], up[1]), down[1], up[0]};
-  close(down[0]);
-  close(up[1]);
-  return k;
-}
-
-static int finish_kid(struct kid k) {
-  close(k.to);
-  close(k.from);
-  return wait_child(k.pid);
-}
-
-static void read_all(int fd, void *bytes, size_t size) {
-  for (size_t got = 0; got < size;) {
-    ssize_t n = read(fd, (char *)bytes + got, size - got);
-    CHECK(n > 0);
-    if (n <= 0) return;
-    got += (size_t)n;
-  }
-}
-
-static void write_all(int fd, const void *bytes, size_t size) {
-  for (size_t put = 0; put < size;) {
-    ssize_t n = write(fd, (const char *)bytes + put, size - put);
-    CHECK(n > 0);
-    if (n <= 0) return;
-    put += (size_t)n;
-  }
-}
 
 static void tell(int fd, double value) { write_all(fd, &value, sizeof value); }
 static double told(int fd) {
@@ -114,26 +72,6 @@ static void yes(const char *what, int ok) {
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
-}
-
-/* The exporter's IPC socket, as the shim's handle names it (pid at byte 12,
- * endpoint at 16, little-endian; src/front/ipc_server.rs). */
-static void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size) {
-  uint32_t pid;
-  uint64_t endpoint;
-  memcpy(&pid, h->reserved + 12, sizeof pid);
-  memcpy(&endpoint, h->reserved + 16, sizeof endpoint);
-  snprintf(path, size, "/tmp/somashim-%u/%u-%016llx", (unsigned)geteuid(), pid, (unsigned long long)endpoint);
-}
-
-static int connect_to(const char *path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_un address;
-  memset(&address, 0, sizeof address);
-  address.sun_family = AF_UNIX;
-  snprintf(address.sun_path, sizeof address.sun_path, "%s", path);
-  CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&address, sizeof address) == 0);
-  return fd;
 }
 
 static cudaIpcMemHandle_t exported(void **block) {
@@ -222,7 +160,7 @@ static void many(const char *self) {
   for (int i = 0; i < BLOCKS; i++) CHECK_CUDA(cudaIpcGetMemHandle(&handles[i], blocks[i]));
   double export_us = (host_us() - t0) / BLOCKS;
   int fds_before = fd_count();
-  struct kid k = start_kid(self, "importer", "-");
+  struct child k = start_child(self, "importer", "-");
   write_all(k.to, handles, sizeof handles);
   double opens = told(k.from), right = told(k.from), first_ms = told(k.from), median_us = told(k.from),
          gained = told(k.from), importer_opens = told(k.from);
@@ -236,7 +174,7 @@ static void many(const char *self) {
   for (int i = 0; i < 4; i++) told(k.from);
   say(k.to, 'c');
   double closed = told(k.from);
-  CHECK(finish_kid(k) == 0);
+  CHECK(finish_child(k) == 0);
   printf("# export %.1f us a handle; first open %.2f ms, then %.1f us (median of %d)\n", export_us, first_ms, median_us,
          (int)opens - 1);
   printf("# descriptors gained with %d handles open: importer %d, exporter %d\n", (int)opens, (int)gained, exporter_gained);
@@ -281,10 +219,10 @@ static int opener(void) {
 
 static void silent(const char *self) {
   CHECK_CUDA(cudaFree(0));
-  struct kid exporter = start_kid(self, "forking_exporter", "-");
+  struct child exporter = start_child(self, "forking_exporter", "-");
   cudaIpcMemHandle_t h;
   read_all(exporter.from, &h, sizeof h);
-  struct kid other = start_kid(self, "opener", "-");
+  struct child other = start_child(self, "opener", "-");
   write_all(other.to, &h, sizeof h);
   CHECK(heard(other.from) == 'r');
   int fds[30], stalled = 0;
@@ -302,9 +240,9 @@ static void silent(const char *self) {
   double fork_ms = told(exporter.from);
   say(exporter.to, 'x');
   double last = told(exporter.from);
-  CHECK(finish_kid(exporter) == 0); /* EOF, then reaped: the exporter is gone */
+  CHECK(finish_child(exporter) == 0); /* EOF, then reaped: the exporter is gone */
   double exit_ms = now_ms() - last;
-  CHECK(finish_kid(other) == 0);
+  CHECK(finish_child(other) == 0);
   for (int i = 0; i < stalled; i++) close(fds[i]);
   printf("# with %d silent connections: open %.2f ms, fork %.2f ms, exit %.1f ms\n", stalled, open_ms, fork_ms, exit_ms);
   yes("another process's open answered within 50 ms", open_right == 1 && open_ms < OPEN_BOUND_MS);
@@ -321,41 +259,11 @@ static void silent(const char *self) {
 static int flooder(void) {
   cudaIpcMemHandle_t h;
   read_all(0, &h, sizeof h);
-  char path[128];
-  socket_path_of(&h, path, sizeof path);
-  int fd = connect_to(path);
-  unsigned char request[4 + sizeof h] = {1}; /* open */
-  memcpy(request + 4, &h, sizeof h);
-  CHECK(send(fd, request, sizeof request, MSG_NOSIGNAL) == (ssize_t)sizeof request);
-  unsigned char reply[76];
-  uint64_t control[4];
-  struct iovec iov = {reply, sizeof reply};
-  struct msghdr message = {};
-  message.msg_iov = &iov;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof control;
-  CHECK(recvmsg(fd, &message, MSG_WAITALL | MSG_CMSG_CLOEXEC) == (ssize_t)sizeof reply);
-  CHECK(memcmp(reply, "\0\0\0\0", 4) == 0); /* granted */
-  struct cmsghdr *header = CMSG_FIRSTHDR(&message);
-  if (header && header->cmsg_type == SCM_RIGHTS) {
-    int pool_fd;
-    memcpy(&pool_fd, CMSG_DATA(header), sizeof pool_fd);
-    close(pool_fd);
-  }
+  int fd = take_lease(&h);
   say(1, 'o');
   CHECK(heard(0) == 'g');
-  static char chunk[64 << 10];
-  size_t sent = 0;
   int ended = 0;
-  while (sent < FLOOD_BYTES) {
-    ssize_t n = send(fd, chunk, sizeof chunk, MSG_NOSIGNAL);
-    if (n < 0) {
-      ended = errno == EPIPE || errno == ECONNRESET;
-      break;
-    }
-    sent += (size_t)n;
-  }
+  size_t sent = flood_lease(fd, FLOOD_BYTES, &ended);
   tell(1, (double)sent);
   tell(1, ended);
   close(fd);
@@ -373,7 +281,7 @@ static void flood(const char *self) {
   cudaIpcMemHandle_t h = exported(&block);
   double sent = 0, ended = 1, cpu = 0;
   if (under_shim()) {
-    struct kid k = start_kid(self, "flooder", "-");
+    struct child k = start_child(self, "flooder", "-");
     write_all(k.to, &h, sizeof h);
     CHECK(heard(k.from) == 'o');
     double cpu_before = cpu_seconds();
@@ -381,16 +289,16 @@ static void flood(const char *self) {
     sent = told(k.from);
     ended = told(k.from);
     cpu = cpu_seconds() - cpu_before;
-    CHECK(finish_kid(k) == 0);
+    CHECK(finish_child(k) == 0);
   } else {
     printf("# natively there is no IPC socket to flood: the figures are the reference\n");
   }
-  struct kid other = start_kid(self, "opener", "-");
+  struct child other = start_child(self, "opener", "-");
   write_all(other.to, &h, sizeof h);
   CHECK(heard(other.from) == 'r');
   say(other.to, 'o');
   double open_ms = told(other.from), open_right = told(other.from);
-  CHECK(finish_kid(other) == 0);
+  CHECK(finish_child(other) == 0);
   CHECK_CUDA(cudaFree(block));
   printf("# flood: %.1f MiB sent before the lease ended, exporter CPU %.3f s; a later open %.2f ms\n", sent / MiB, cpu,
          open_ms);

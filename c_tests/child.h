@@ -1,7 +1,9 @@
-/* A test program that plays several processes: `start_child` runs this
- * program again as `role`, its stdin and stdout on two pipes whose other ends
- * the parent keeps; `finish_child` closes them and gives the exit status (or
- * 128 + the signal that ended it). */
+/* A test program that plays several processes (CPU and GPU tests):
+ * `start_child` runs this program again as `role`, its stdin and stdout on two
+ * pipes whose other ends the parent keeps (close-on-exec: a child holding a
+ * pipe's other end would never see EOF); `finish_child` closes them and gives
+ * the exit status (or 128 + the signal that ended it); `read_all` and
+ * `write_all` move whole buffers over them. */
 #ifndef SOMASHIM_CHILD_H
 #define SOMASHIM_CHILD_H
 #include <fcntl.h>
@@ -9,7 +11,7 @@
 #include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "../check.h"
+#include "check.h"
 
 struct child {
   pid_t pid;
@@ -38,5 +40,22 @@ static int finish_child(struct child c) {
   int status = 0;
   waitpid(c.pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+static void read_all(int fd, void *bytes, size_t size) {
+  for (size_t got = 0; got < size;) {
+    ssize_t n = read(fd, (char *)bytes + got, size - got);
+    CHECK(n > 0);
+    if (n <= 0) return;
+    got += (size_t)n;
+  }
+}
+
+static void write_all(int fd, const void *bytes, size_t size) {
+  for (size_t put = 0; put < size;) {
+    ssize_t n = write(fd, (const char *)bytes + put, size - put);
+    CHECK(n > 0);
+    if (n <= 0) return;
+    put += (size_t)n;
+  }
 }
 #endif

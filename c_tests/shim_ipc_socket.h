@@ -1,0 +1,82 @@
+/* The shim's IPC socket, spoken to directly (CPU and GPU tests under the
+ * shim): where an exporter listens, a connection to it, a lease taken the way
+ * an importer takes one (src/front/ipc_wire.rs), and a flood of such a
+ * lease's connection. */
+#ifndef SOMASHIM_SHIM_IPC_SOCKET_H
+#define SOMASHIM_SHIM_IPC_SOCKET_H
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include "check.h"
+
+/* The exporter's socket, as the shim's handle names it (pid at byte 12,
+ * endpoint at 16, little-endian; src/front/ipc_server.rs). */
+static void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size) {
+  uint32_t pid;
+  uint64_t endpoint;
+  memcpy(&pid, h->reserved + 12, sizeof pid);
+  memcpy(&endpoint, h->reserved + 16, sizeof endpoint);
+  snprintf(path, size, "/tmp/somashim-%u/%u-%016llx", (unsigned)geteuid(), pid, (unsigned long long)endpoint);
+}
+
+static int connect_to(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un address;
+  memset(&address, 0, sizeof address);
+  address.sun_family = AF_UNIX;
+  snprintf(address.sun_path, sizeof address.sun_path, "%s", path);
+  CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&address, sizeof address) == 0);
+  return fd;
+}
+
+/* A connection holding a lease on the handle's block (an open request,
+ * granted; the pool descriptor that comes with it is closed). */
+static int take_lease(const cudaIpcMemHandle_t *h) {
+  char path[128];
+  socket_path_of(h, path, sizeof path);
+  int fd = connect_to(path);
+  unsigned char request[4 + sizeof *h] = {1}; /* open */
+  memcpy(request + 4, h, sizeof *h);
+  CHECK(send(fd, request, sizeof request, MSG_NOSIGNAL) == (ssize_t)sizeof request);
+  unsigned char reply[76];
+  uint64_t control[4];
+  struct iovec iov = {reply, sizeof reply};
+  struct msghdr message;
+  memset(&message, 0, sizeof message);
+  message.msg_iov = &iov;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  CHECK(recvmsg(fd, &message, MSG_WAITALL | MSG_CMSG_CLOEXEC) == (ssize_t)sizeof reply);
+  CHECK(memcmp(reply, "\0\0\0\0", 4) == 0); /* granted */
+  struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+  CHECK(header && header->cmsg_type == SCM_RIGHTS);
+  if (header && header->cmsg_type == SCM_RIGHTS) {
+    int pool_fd;
+    memcpy(&pool_fd, CMSG_DATA(header), sizeof pool_fd);
+    close(pool_fd);
+  }
+  return fd;
+}
+
+/* Sends up to `bytes` of zeros (no request) on the connection: how many went,
+ * and in `*ended` whether the exporter ended the lease (the sends then fail). */
+static size_t flood_lease(int fd, size_t bytes, int *ended) {
+  static char chunk[64 << 10];
+  size_t sent = 0;
+  *ended = 0;
+  while (sent < bytes) {
+    ssize_t n = send(fd, chunk, sizeof chunk, MSG_NOSIGNAL);
+    if (n < 0) {
+      *ended = errno == EPIPE || errno == ECONNRESET;
+      break;
+    }
+    sent += (size_t)n;
+  }
+  return sent;
+}
+#endif
