@@ -17,8 +17,6 @@
 #include "common.h"
 #include "../child.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -28,22 +26,6 @@
 /* Descriptors a process may gain for all its handles: the connection, the
  * pools' (the exporter's server keeps one per pool), slack for the runtime. */
 #define FD_GROWTH_BOUND 8
-
-static int fd_count(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (!d) return -1;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n - 3; /* ".", "..", and the directory's own descriptor */
-}
-
-static int can_open_a_file(void) {
-  int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  close(fd);
-  return 1;
-}
 
 static void say(int fd, char byte) { write_all(fd, &byte, 1); }
 

@@ -18,8 +18,6 @@
 #include "../child.h"
 #include "../shim_ipc_socket.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <sys/resource.h>
 
 #define BLOCKS 5000
@@ -47,22 +45,6 @@ static char heard(int fd) {
 }
 
 static double now_ms(void) { return host_us() / 1e3; } /* CLOCK_MONOTONIC: one clock for every process */
-
-static int fd_count(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (!d) return -1;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n - 3; /* ".", "..", and the directory's own descriptor */
-}
-
-static int can_open_a_file(void) {
-  int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  close(fd);
-  return 1;
-}
 
 static void yes(const char *what, int ok) {
   CHECK(ok);
