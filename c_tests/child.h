@@ -8,6 +8,7 @@
 #ifndef SOMASHIM_CHILD_H
 #define SOMASHIM_CHILD_H
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,11 +21,12 @@ struct child {
   int to, from; /* the parent's ends */
 };
 
-static struct child start_child(const char *program, const char *role, const char *arg) {
+static inline struct child start_child(const char *program, const char *role, const char *arg) {
   int to_child[2], from_child[2];
   CHECK(pipe2(to_child, O_CLOEXEC) == 0 && pipe2(from_child, O_CLOEXEC) == 0);
   fflush(stdout);
   struct child c = {fork(), to_child[1], from_child[0]};
+  CHECK(c.pid >= 0);
   if (c.pid == 0) {
     dup2(to_child[0], 0);
     dup2(from_child[1], 1);
@@ -36,25 +38,32 @@ static struct child start_child(const char *program, const char *role, const cha
   return c;
 }
 
-static int finish_child(struct child c) {
+static inline int finish_child(struct child c) {
   close(c.to);
   close(c.from);
+  if (c.pid <= 0) return -1; /* the fork failed: no child to wait for (not any other one) */
   int status = 0;
-  waitpid(c.pid, &status, 0);
+  pid_t waited;
+  while ((waited = waitpid(c.pid, &status, 0)) < 0 && errno == EINTR) {
+  }
+  if (waited != c.pid) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
-static void read_all(int fd, void *bytes, size_t size) {
+
+static inline void read_all(int fd, void *bytes, size_t size) {
   for (size_t got = 0; got < size;) {
     ssize_t n = read(fd, (char *)bytes + got, size - got);
+    if (n < 0 && errno == EINTR) continue;
     CHECK(n > 0);
     if (n <= 0) return;
     got += (size_t)n;
   }
 }
 
-static void write_all(int fd, const void *bytes, size_t size) {
+static inline void write_all(int fd, const void *bytes, size_t size) {
   for (size_t put = 0; put < size;) {
     ssize_t n = write(fd, (const char *)bytes + put, size - put);
+    if (n < 0 && errno == EINTR) continue;
     CHECK(n > 0);
     if (n <= 0) return;
     put += (size_t)n;
@@ -62,7 +71,7 @@ static void write_all(int fd, const void *bytes, size_t size) {
 }
 
 /* The descriptors this process has open. */
-static int fd_count(void) {
+static inline int fd_count(void) {
   DIR *d = opendir("/proc/self/fd");
   int n = 0;
   if (!d) return -1;
@@ -71,7 +80,7 @@ static int fd_count(void) {
   return n - 3; /* ".", "..", and the directory's own descriptor */
 }
 
-static int can_open_a_file(void) {
+static inline int can_open_a_file(void) {
   int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   close(fd);

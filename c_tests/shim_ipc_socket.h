@@ -10,12 +10,22 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/time.h>
 #include <unistd.h>
+#include <cuda_runtime_api.h>
 #include "check.h"
+
+/* The messages' sizes (REQUEST_LEN, REPLY_LEN in src/front/ipc_wire.rs): a
+ * request is an op and a handle, a reply a status, the pool's id and data. */
+#define SHIM_IPC_REQUEST_LEN (4 + 64)
+#define SHIM_IPC_REPLY_LEN (4 + 8 + 64)
+/* No exchange with an exporter may block a test for longer. */
+#define SHIM_IPC_TIMEOUT_S 5
 
 /* The exporter's socket, as the shim's handle names it (pid at byte 12,
  * endpoint at 16, little-endian; src/front/ipc_server.rs). */
-static void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size) {
+static inline void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size) {
+  CHECK(memcmp(h->reserved, "SOMASHIM", 8) == 0); /* a handle of the shim's (src/core/shared_blocks.rs) */
   uint32_t pid;
   uint64_t endpoint;
   memcpy(&pid, h->reserved + 12, sizeof pid);
@@ -23,8 +33,13 @@ static void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size)
   snprintf(path, size, "/tmp/somashim-%u/%u-%016llx", (unsigned)geteuid(), pid, (unsigned long long)endpoint);
 }
 
-static int connect_to(const char *path) {
+/* A connection to an exporter's socket, whose sends and receives give up
+ * after SHIM_IPC_TIMEOUT_S. */
+static inline int connect_to(const char *path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct timeval limit = {SHIM_IPC_TIMEOUT_S, 0};
+  CHECK(fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) == 0 &&
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) == 0);
   struct sockaddr_un address;
   memset(&address, 0, sizeof address);
   address.sun_family = AF_UNIX;
@@ -35,14 +50,14 @@ static int connect_to(const char *path) {
 
 /* A connection holding a lease on the handle's block (an open request,
  * granted; the pool descriptor that comes with it is closed). */
-static int take_lease(const cudaIpcMemHandle_t *h) {
+static inline int take_lease(const cudaIpcMemHandle_t *h) {
   char path[128];
   socket_path_of(h, path, sizeof path);
   int fd = connect_to(path);
-  unsigned char request[4 + sizeof *h] = {1}; /* open */
+  unsigned char request[SHIM_IPC_REQUEST_LEN] = {1}; /* open */
   memcpy(request + 4, h, sizeof *h);
   CHECK(send(fd, request, sizeof request, MSG_NOSIGNAL) == (ssize_t)sizeof request);
-  unsigned char reply[76];
+  unsigned char reply[SHIM_IPC_REPLY_LEN];
   uint64_t control[4];
   struct iovec iov = {reply, sizeof reply};
   struct msghdr message;
@@ -54,8 +69,9 @@ static int take_lease(const cudaIpcMemHandle_t *h) {
   CHECK(recvmsg(fd, &message, MSG_WAITALL | MSG_CMSG_CLOEXEC) == (ssize_t)sizeof reply);
   CHECK(memcmp(reply, "\0\0\0\0", 4) == 0); /* granted */
   struct cmsghdr *header = CMSG_FIRSTHDR(&message);
-  CHECK(header && header->cmsg_type == SCM_RIGHTS);
-  if (header && header->cmsg_type == SCM_RIGHTS) {
+  int passed = header && header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS;
+  CHECK(passed && !(message.msg_flags & MSG_CTRUNC));
+  if (passed) {
     int pool_fd;
     memcpy(&pool_fd, CMSG_DATA(header), sizeof pool_fd);
     close(pool_fd);
@@ -64,8 +80,9 @@ static int take_lease(const cudaIpcMemHandle_t *h) {
 }
 
 /* Sends up to `bytes` of zeros (no request) on the connection: how many went,
- * and in `*ended` whether the exporter ended the lease (the sends then fail). */
-static size_t flood_lease(int fd, size_t bytes, int *ended) {
+ * and in `*ended` whether the exporter ended the lease (the sends then fail;
+ * a send that times out, the exporter no longer reading, is not an end). */
+static inline size_t flood_lease(int fd, size_t bytes, int *ended) {
   static char chunk[64 << 10];
   size_t sent = 0;
   *ended = 0;

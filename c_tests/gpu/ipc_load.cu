@@ -3,8 +3,9 @@
  *   many    (default) the parent exports 5,000 blocks, an importer opens them
  *           all, reads each one's mark, and reports its descriptors; both can
  *           still open files; the parent frees the blocks while they are open
- *           and checks their marks from the importer's side once more before
- *           it closes them. Real CUDA IPC costs no descriptor per handle.
+ *           and allocates and overwrites as much again, and the importer
+ *           checks the marks once more before it closes them. Real CUDA IPC
+ *           costs no descriptor per handle.
  *   silent  30 connections to the exporter's IPC socket that never send
  *           (under the shim; natively there is no socket to stall): another
  *           process's open is answered within 50 ms, the exporter's fork()
@@ -32,6 +33,14 @@
 
 /* ---- plumbing ---- */
 
+/* Whether the handle is one of the shim's (its socket to stall or flood), as
+ * the preload says. */
+static int shim_handle(const cudaIpcMemHandle_t *h) {
+  int ours = memcmp(h->reserved, "SOMASHIM", 8) == 0;
+  CHECK(ours == under_shim());
+  return ours;
+}
+
 static void tell(int fd, double value) { write_all(fd, &value, sizeof value); }
 static double told(int fd) {
   double value = -1;
@@ -47,6 +56,7 @@ static char heard(int fd) {
 static double now_ms(void) { return host_us() / 1e3; } /* CLOCK_MONOTONIC: one clock for every process */
 
 static void yes(const char *what, int ok) {
+  if (!ok) fprintf(stderr, "failed: %s\n", what);
   CHECK(ok);
   printf("%s: %s\n", what, ok ? "yes" : "no");
 }
@@ -95,6 +105,7 @@ static int importer(void) {
   read_all(0, handles, sizeof handles);
   CHECK_CUDA(cudaFree(0)); /* CUDA up before the clock starts */
   int fds_before = fd_count(), opens = 0;
+  CHECK(fds_before >= 0);
   for (; opens < BLOCKS; opens++) {
     double t0 = host_us();
     cudaError_t rc = cudaIpcOpenMemHandle(&opened[opens], handles[opens], cudaIpcMemLazyEnablePeerAccess);
@@ -105,7 +116,9 @@ static int importer(void) {
       break;
     }
   }
-  int fds_gained = fd_count() - fds_before;
+  int fds_now = fd_count();
+  CHECK(fds_now >= 0);
+  int fds_gained = fds_now - fds_before;
   double first_ms = open_us[0] / 1e3;
   qsort(open_us + 1, opens > 1 ? opens - 1 : 0, sizeof *open_us, cmp_double);
   double median_us = opens > 1 ? open_us[1 + (opens - 1) / 2] : -1;
@@ -142,13 +155,22 @@ static void many(const char *self) {
   for (int i = 0; i < BLOCKS; i++) CHECK_CUDA(cudaIpcGetMemHandle(&handles[i], blocks[i]));
   double export_us = (host_us() - t0) / BLOCKS;
   int fds_before = fd_count();
+  CHECK(fds_before >= 0);
   struct child k = start_child(self, "importer", "-");
   write_all(k.to, handles, sizeof handles);
   double opens = told(k.from), right = told(k.from), first_ms = told(k.from), median_us = told(k.from),
          gained = told(k.from), importer_opens = told(k.from);
-  int exporter_gained = fd_count() - fds_before - 2; /* less the two pipes */
+  int fds_now = fd_count();
+  CHECK(fds_now >= 0);
+  int exporter_gained = fds_now - fds_before - 2; /* less the two pipes */
   int exporter_opens = can_open_a_file();
+  /* Freed while open, then as much allocated and overwritten: the importer must still read the marks. */
   for (int i = 0; i < BLOCKS; i++) CHECK_CUDA(cudaFree(blocks[i]));
+  static void *next[BLOCKS];
+  for (int i = 0; i < BLOCKS; i++) {
+    CHECK_CUDA(TMALLOC(&next[i], BLOCK_BYTES));
+    CHECK_CUDA(cudaMemset(next[i], 0xAA, BLOCK_BYTES));
+  }
   CHECK_CUDA(cudaDeviceSynchronize());
   say(k.to, 'v'); /* again, the blocks freed by the exporter */
   told(k.from);
@@ -157,12 +179,13 @@ static void many(const char *self) {
   say(k.to, 'c');
   double closed = told(k.from);
   CHECK(finish_child(k) == 0);
+  for (int i = 0; i < BLOCKS; i++) CHECK_CUDA(cudaFree(next[i]));
   printf("# export %.1f us a handle; first open %.2f ms, then %.1f us (median of %d)\n", export_us, first_ms, median_us,
          (int)opens - 1);
   printf("# descriptors gained with %d handles open: importer %d, exporter %d\n", (int)opens, (int)gained, exporter_gained);
   yes("all 5000 handles opened under a limit of 1024 descriptors", opens == BLOCKS);
   yes("every block read as exported", right == BLOCKS);
-  yes("every block read as exported after the exporter freed it", right_after_free == BLOCKS);
+  yes("every block read as exported after the exporter freed it and allocated as much again", right_after_free == BLOCKS);
   yes("the importer's descriptors stay bounded", gained <= FD_GROWTH_BOUND);
   yes("the exporter's descriptors stay bounded", exporter_gained <= FD_GROWTH_BOUND);
   yes("both can still open files", importer_opens == 1 && exporter_opens);
@@ -208,7 +231,7 @@ static void silent(const char *self) {
   write_all(other.to, &h, sizeof h);
   CHECK(heard(other.from) == 'r');
   int fds[30], stalled = 0;
-  if (under_shim()) {
+  if (shim_handle(&h)) {
     char path[128];
     socket_path_of(&h, path, sizeof path);
     for (; stalled < 30; stalled++) fds[stalled] = connect_to(path);
@@ -262,7 +285,7 @@ static void flood(const char *self) {
   void *block = NULL;
   cudaIpcMemHandle_t h = exported(&block);
   double sent = 0, ended = 1, cpu = 0;
-  if (under_shim()) {
+  if (shim_handle(&h)) {
     struct child k = start_child(self, "flooder", "-");
     write_all(k.to, &h, sizeof h);
     CHECK(heard(k.from) == 'o');
@@ -290,6 +313,7 @@ static void flood(const char *self) {
 }
 
 int main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN); /* a child gone: a failed write, not a silent death */
   struct rlimit limit;
   CHECK(getrlimit(RLIMIT_NOFILE, &limit) == 0);
   limit.rlim_cur = limit.rlim_max < 1024 ? limit.rlim_max : 1024;
