@@ -229,17 +229,6 @@ static inline void show_problem(const char *where) {
     }                                                                             \
   } while (0)
 
-/* An IPC handle as 128 hex digits, to pass it to another process's argv. */
-static inline void to_hex(const cudaIpcMemHandle_t *h, char *hex) {
-  for (size_t i = 0; i < sizeof *h; i++) sprintf(hex + 2 * i, "%02x", ((const unsigned char *)h)[i]);
-}
-
-static inline cudaIpcMemHandle_t from_hex(const char *hex) {
-  cudaIpcMemHandle_t h;
-  for (size_t i = 0; i < sizeof h; i++) sscanf(hex + 2 * i, "%2hhx", &((unsigned char *)&h)[i]);
-  return h;
-}
-
 /* Whether the block at p, freed by the program while leased, is freed for
  * real once the lease has ended: the server sees the end on its own thread,
  * so the next allocations (which issue the frees it queued) are retried. */

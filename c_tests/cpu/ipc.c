@@ -14,6 +14,7 @@
  * program's child started after an import inherits no descriptor of the
  * pool (the double's export gives one without close-on-exec: /dev/null). */
 #include "common.h"
+#include "../ipc_hex.h"
 
 #include <sys/wait.h>
 
@@ -67,7 +68,7 @@ static int let_go(struct holder h) {
 
 /* Opens, checks the codes, holds the block until told, then closes it. */
 static int importer(const char *hex) {
-  cudaIpcMemHandle_t h = from_hex(hex), other = from_hex(hex + 2 * sizeof h);
+  cudaIpcMemHandle_t h = handle_from_hex(hex), other = handle_from_hex(hex + 2 * sizeof h);
   void *p = NULL, *q = NULL;
   EXPECT(cudaIpcOpenMemHandle(&p, h, 2), 1);
   EXPECT(cudaGetLastError(), 1);
@@ -101,7 +102,7 @@ static int importer(const char *hex) {
 /* Opens the handle, says so, waits for the word to go on, exits without closing. */
 static int leaver(const char *hex) {
   void *p = NULL;
-  EXPECT(cudaIpcOpenMemHandle(&p, from_hex(hex), 0), 0);
+  EXPECT(cudaIpcOpenMemHandle(&p, handle_from_hex(hex), 0), 0);
   char byte = 'o';
   CHECK(write(1, &byte, 1) == 1);
   CHECK(read(0, &byte, 1) == 1);
@@ -110,7 +111,7 @@ static int leaver(const char *hex) {
 
 static int opener(const char *hex) {
   void *p = (void *)0x1;
-  int rc = cudaIpcOpenMemHandle(&p, from_hex(hex), 0);
+  int rc = cudaIpcOpenMemHandle(&p, handle_from_hex(hex), 0);
   printf("%d\n", rc);
   return 0;
 }
@@ -134,7 +135,7 @@ static int exiting_exporter(void) {
   cudaIpcMemHandle_t h;
   CHECK_CUDA(cudaIpcGetMemHandle(&h, p));
   char hex[129];
-  to_hex(&h, hex);
+  handle_to_hex(&h, hex);
   printf("%s\n", hex);
   return check_failures ? 1 : 0;
 }
@@ -175,7 +176,7 @@ static void leave_open_after_free(size_t size, const char *label) {
   struct fakecuda_ptr_info info;
   CHECK_CUDA(cudaMalloc(&block, size));
   CHECK_CUDA(cudaIpcGetMemHandle(&h, block));
-  to_hex(&h, hex);
+  handle_to_hex(&h, hex);
   struct holder leaver = hold_open("leaver", hex);
   CHECK_CUDA(cudaFree(block)); /* held: the leaver has it open */
   CHECK(fakecuda_ptr_info(block, &info) == 1);
@@ -209,8 +210,8 @@ int main(int argc, char **argv) {
   CHECK_CUDA(cudaMalloc(&other, MiB));
   CHECK_CUDA(cudaIpcGetMemHandle(&other_handle, other));
   char hex[257];
-  to_hex(&h, hex);
-  to_hex(&other_handle, hex + 2 * sizeof h);
+  handle_to_hex(&h, hex);
+  handle_to_hex(&other_handle, hex + 2 * sizeof h);
   struct holder importer_child = hold_open("importer", hex);
   int out[2];
   int pool_descriptors = inherited_by_child() - inherited_before;
@@ -248,7 +249,7 @@ int main(int argc, char **argv) {
   void *before_reset = NULL;
   CHECK_CUDA(cudaMalloc(&before_reset, MiB));
   CHECK_CUDA(cudaIpcGetMemHandle(&h, before_reset));
-  to_hex(&h, hex);
+  handle_to_hex(&h, hex);
   struct holder across_reset = hold_open("leaver", hex);
   CHECK_CUDA(cudaFree(before_reset));
   CHECK_CUDA(cudaDeviceReset());
@@ -272,7 +273,7 @@ int main(int argc, char **argv) {
   CHECK_CUDA(cudaMalloc(&freed, 3 * MiB));
   CHECK_CUDA(cudaIpcGetMemHandle(&h, freed));
   CHECK_CUDA(cudaFree(freed));
-  to_hex(&h, hex);
+  handle_to_hex(&h, hex);
   printf("open the handle of a freed block: %d\n", open_in_child(hex));
 
   CHECK(pipe(out) == 0);
@@ -285,7 +286,7 @@ int main(int argc, char **argv) {
   close(out[0]);
   printf("exporter exit status %d\n", finish(pid));
   void *gone = NULL;
-  printf("open the handle of an exited exporter: %d\n", (int)cudaIpcOpenMemHandle(&gone, from_hex(line), 0));
+  printf("open the handle of an exited exporter: %d\n", (int)cudaIpcOpenMemHandle(&gone, handle_from_hex(line), 0));
   cudaGetLastError();
   return report();
 }

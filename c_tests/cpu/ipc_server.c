@@ -31,6 +31,7 @@
  * The bounds leave room for a loaded machine; the figures are printed as
  * "# " lines. */
 #include "common.h"
+#include "../ipc_hex.h"
 #include "../child.h"
 #include "../shim_ipc_socket.h"
 
@@ -83,7 +84,7 @@ static cudaIpcMemHandle_t exported(void **block, size_t size) {
 
 static void print_handle(const cudaIpcMemHandle_t *h) {
   char hex[129];
-  to_hex(h, hex);
+  handle_to_hex(h, hex);
   printf("%s\n", hex);
 }
 
@@ -97,7 +98,7 @@ static int timed_opener(const char *hex) {
   await(0, 'g');
   void *p = NULL;
   double t0 = now_ms();
-  int rc = cudaIpcOpenMemHandle(&p, from_hex(hex), 0);
+  int rc = cudaIpcOpenMemHandle(&p, handle_from_hex(hex), 0);
   printf("%d %.3f\n", rc, now_ms() - t0);
   if (rc == 0) CHECK_CUDA(cudaIpcCloseMemHandle(p));
   return check_failures ? 1 : 0;
@@ -146,7 +147,7 @@ static int killed_exporter(int fork_first) {
  * whether the exporter ended the lease (the sends then fail). */
 #define FLOOD_BYTES ((size_t)32 << 20)
 static int flooder(const char *hex) {
-  cudaIpcMemHandle_t h = from_hex(hex);
+  cudaIpcMemHandle_t h = handle_from_hex(hex);
   int fd = take_lease(&h);
   say('o');
   await(0, 'g');
@@ -194,7 +195,7 @@ static void stalled(void) {
   void *block = NULL;
   cudaIpcMemHandle_t h = exported(&block, MiB);
   char hex[129], path[128];
-  to_hex(&h, hex);
+  handle_to_hex(&h, hex);
   socket_path_of(&h, path, sizeof path);
   /* Started before the drip: a server holding the fork handler's lock across the stalled
    * request would delay this fork, and the open would then come after the stall. */
@@ -232,7 +233,7 @@ static void silent(void) {
   struct child exporter = start_child("ipc_server", "forking_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
-  cudaIpcMemHandle_t h = from_hex(line);
+  cudaIpcMemHandle_t h = handle_from_hex(line);
   char path[128];
   socket_path_of(&h, path, sizeof path);
   int fds[60];
@@ -275,7 +276,7 @@ static void flood(void) {
   void *block = NULL;
   cudaIpcMemHandle_t h = exported(&block, MiB);
   char hex[129];
-  to_hex(&h, hex);
+  handle_to_hex(&h, hex);
   struct child flooder = start_child("ipc_server", "flooder", hex);
   await(flooder.from, 'o');
   CHECK_CUDA(cudaFree(block)); /* held for the lease */
@@ -331,7 +332,7 @@ static void killed(void) {
   struct child exporter = start_child("ipc_server", "killed_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
-  cudaIpcMemHandle_t h = from_hex(line);
+  cudaIpcMemHandle_t h = handle_from_hex(line);
   kill(exporter.pid, SIGKILL);
   for (int i = 0; i < 2000 && state_of(exporter.pid) != 'Z'; i++) usleep(1000);
   CHECK(state_of(exporter.pid) == 'Z');
@@ -345,7 +346,7 @@ static void forked(void) {
   struct child exporter = start_child("ipc_server", "forked_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
-  cudaIpcMemHandle_t h = from_hex(line);
+  cudaIpcMemHandle_t h = handle_from_hex(line);
   int child = 0;
   CHECK(read_line(exporter.from, line, sizeof line) && (child = atoi(line)) > 0);
   kill(exporter.pid, SIGKILL);
@@ -391,13 +392,13 @@ static void fork_import(void) {
   void *block = NULL;
   cudaIpcMemHandle_t mine = exported(&block, MiB);
   char hex[129];
-  to_hex(&mine, hex);
+  handle_to_hex(&mine, hex);
   struct child opener = start_child("ipc_server", "timed_opener", hex);
   await(opener.from, 'r');
   struct child exporter = start_child("ipc_server", "killed_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
-  struct opening o = {.h = from_hex(line)};
+  struct opening o = {.h = handle_from_hex(line)};
   stop(exporter.pid);
   double stopped_at = now_ms();
   pthread_t opening_thread, forking_thread;
@@ -458,7 +459,7 @@ static void signalled(void) {
   struct child exporter = start_child("ipc_server", "killed_exporter", "-");
   char line[160] = {0};
   CHECK(read_line(exporter.from, line, sizeof line));
-  cudaIpcMemHandle_t h = from_hex(line);
+  cudaIpcMemHandle_t h = handle_from_hex(line);
   stop(exporter.pid);
   struct interrupter i = {pthread_self(), exporter.pid};
   pthread_t thread;
@@ -512,7 +513,7 @@ static void poll_fails(void) {
   void *block = NULL;
   cudaIpcMemHandle_t h = exported(&block, MiB);
   char hex[129], path[128];
-  to_hex(&h, hex);
+  handle_to_hex(&h, hex);
   socket_path_of(&h, path, sizeof path);
   struct child lessee = start_child("ipc_server", "flooder", hex);
   await(lessee.from, 'o');

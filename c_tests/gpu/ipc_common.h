@@ -4,18 +4,9 @@
 #ifndef SOMASHIM_IPC_COMMON_H
 #define SOMASHIM_IPC_COMMON_H
 #include "gpu_common.h"
+#include "../ipc_hex.h"
 #include <sys/wait.h>
 #include <unistd.h>
-
-static inline void handle_to_hex(const cudaIpcMemHandle_t *h, char *hex) {
-  for (size_t i = 0; i < sizeof *h; i++) sprintf(hex + 2 * i, "%02x", ((const unsigned char *)h)[i]);
-}
-
-static inline cudaIpcMemHandle_t handle_from_hex(const char *hex) {
-  cudaIpcMemHandle_t h;
-  for (size_t i = 0; i < sizeof h; i++) sscanf(hex + 2 * i, "%2hhx", &((unsigned char *)&h)[i]);
-  return h;
-}
 
 /* Starts this program again as "ROLE ARG" with stdin/stdout on the given
  * descriptors (-1: inherited); returns its pid. */
