@@ -162,6 +162,7 @@ static __thread unsigned t_pt_gen[MAXDEV];
 static __thread char t_problem[1024];
 static __thread uint64_t t_waits; /* host waits of this thread (fakecuda_thread_waits) */
 static __thread uint64_t t_allocs; /* driver allocations by this thread (fakecuda_thread_allocs) */
+static __thread uint64_t t_legacy_records; /* fakecuda_thread_legacy_records */
 /* Work the thread's next driver allocation issues last (fakecuda_launch_inside_next_alloc). */
 static __thread struct {
   int armed;
@@ -1289,8 +1290,12 @@ CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
   }
   r = gate(s, OP_RECORD);
   if (r != CUDA_SUCCESS && r != CAPTURED) RET(r);
-  if (s->is_legacy) CNT(event_records_legacy);
-  else CNT(event_records_other);
+  if (s->is_legacy) {
+    CNT(event_records_legacy);
+    t_legacy_records++;
+  } else {
+    CNT(event_records_other);
+  }
   s->records++;
   if (r == CAPTURED) {
     e->cap = s->cap;
@@ -2010,6 +2015,7 @@ int fakecuda_ptr_info(const void *p, struct fakecuda_ptr_info *out) {
 
 uint64_t fakecuda_thread_waits(void) { return t_waits; }
 uint64_t fakecuda_thread_allocs(void) { return t_allocs; }
+uint64_t fakecuda_thread_legacy_records(void) { return t_legacy_records; }
 
 /* The block's earlier uses become what work of its new owner must be ordered
  * after, as at a reuse by the pool (pool_alloc); the new owner's own work

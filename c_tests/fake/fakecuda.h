@@ -255,6 +255,10 @@ uint64_t fakecuda_thread_waits(void);
 /* Allocations (pool or plain) the calling thread has made at the driver. */
 uint64_t fakecuda_thread_allocs(void);
 
+/* Events the calling thread has recorded on a legacy stream: a free's own
+ * mark, apart from those the shim's thread records meanwhile. */
+uint64_t fakecuda_thread_legacy_records(void);
+
 /* The program got the block starting at p from an allocator above the driver
  * (the shim's cache of freed blocks): the driver saw no free and no new
  * allocation. As at a reuse by the pool, work of the new owner that is not
