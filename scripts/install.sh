@@ -4,7 +4,8 @@
 #   scripts/install.sh PREFIX path/to/libsomashim.so
 #
 # puts LIB, without its debug info, at PREFIX/lib/libsomashim.so and
-# scripts/somarun at PREFIX/bin/somarun (both mode 755), creating the
+# scripts/somarun at PREFIX/bin/somarun and scripts/somactl.py at PREFIX/bin/somactl
+# (all mode 755; somarun --ps and --trim run somactl), creating the
 # directories; somarun finds the library there by itself (../lib from its own
 # directory). LIB itself keeps its debug info, for developers' debuggers and
 # profilers. DESTDIR, if set, is prepended to both (staged installs: the files
@@ -45,5 +46,7 @@ DEST=${DESTDIR:-}$PREFIX
 install -d -m 755 -- "$DEST/lib" "$DEST/bin"
 install -m 755 -- "$STRIPPED" "$DEST/lib/libsomashim.so"
 install -m 755 -- "$LAUNCHER" "$DEST/bin/somarun"
+install -m 755 -- "$HERE/somactl.py" "$DEST/bin/somactl"
 echo "installed $DEST/lib/libsomashim.so"
 echo "installed $DEST/bin/somarun"
+echo "installed $DEST/bin/somactl"

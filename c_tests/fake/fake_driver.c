@@ -7,13 +7,17 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fakecuda.h"
@@ -138,10 +142,113 @@ static struct CUstream_st *g_legacy[MAXDEV];
 static struct CUmemPoolHandle_st *g_default_pool[MAXDEV];
 static uint64_t g_used[MAXDEV];
 
-/* Host memory belongs to no device (dev -1): it is counted apart, and a
- * device reset leaves it alone (the shim gives its host pool back itself). */
-static uint64_t *used_of(int dev) { return dev < 0 ? &g_host_used : &g_used[dev]; }
+/* FAKECUDA_SHARED_MEMORY: device memory is one GPU's, shared by every process
+ * on the double. Each process counts its own use in a slot of a table in that
+ * file (mmap MAP_SHARED); what limits an allocation and what cuMemGetInfo
+ * reports is the sum over live processes, so a dead process's memory goes
+ * back, as the real driver frees it. Only the owner writes its slot. */
+#define SHM_SLOTS 64
+struct shm_slot {
+  int32_t pid;                      /* 0: free; -1: being claimed */
+  uint32_t pad;
+  uint64_t used[MAXDEV];
+};
+static struct shm_slot *g_shm;      /* NULL: device use is per process (g_used) */
+static struct shm_slot *g_slot;     /* this process's */
+static int32_t g_slot_pid;          /* pid that claimed g_slot (a forked child claims anew) */
+
+/* Alive: kill(pid, 0) finds it (EPERM: another user's) and it is not a
+ * zombie: an exited process holds no memory, reaped or not (an orphan under
+ * an init that never reaps stays a zombie). */
+static int pid_alive(int32_t pid) {
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM)) return 0;
+  char path[32], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  buf[n > 0 ? n : 0] = 0;
+  const char *st = strrchr(buf, ')'); /* "pid (comm) S ...": the state follows comm */
+  return !(st && st[1] == ' ' && (st[2] == 'Z' || st[2] == 'X'));
+}
+
+/* Takes a free slot, or one of a dead process (or of a dead one whose pid
+ * this process got), and zeroes it before it counts as ours. */
+static void shm_claim(void) {
+  int32_t me = (int32_t)getpid();
+  g_slot = NULL;
+  for (int i = 0; i < SHM_SLOTS; i++) {
+    struct shm_slot *s = &g_shm[i];
+    int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+    if (pid != 0 && (pid < 0 || (pid != me && pid_alive(pid)))) continue;
+    if (g_slot) { /* another stale slot of our pid: it would count as ours */
+      if (pid == me) __atomic_compare_exchange_n(&s->pid, &pid, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+      continue;
+    }
+    if (!__atomic_compare_exchange_n(&s->pid, &pid, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+    for (int d = 0; d < MAXDEV; d++) __atomic_store_n(&s->used[d], 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&s->pid, me, __ATOMIC_RELEASE);
+    g_slot = s;
+  }
+  if (!g_slot) {
+    fprintf(stderr, "fakecuda: FAKECUDA_SHARED_MEMORY: all %d slots taken by live processes\n", SHM_SLOTS);
+    abort();
+  }
+  g_slot_pid = me;
+}
+
+static void shm_open_table(const char *path) {
+  size_t size = SHM_SLOTS * sizeof(struct shm_slot);
+  struct stat st;
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0 || fstat(fd, &st) != 0 || ((size_t)st.st_size < size && ftruncate(fd, (off_t)size) != 0) ||
+      (g_shm = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+    fprintf(stderr, "fakecuda: FAKECUDA_SHARED_MEMORY=%s: %s\n", path, strerror(errno));
+    abort();
+  }
+  close(fd);
+  shm_claim();
+}
+
+/* This process's count of its use of dev. Host memory belongs to no device
+ * (dev -1): it is counted apart, per process, and a device reset leaves it
+ * alone (the shim gives its host pool back itself). */
+static uint64_t *own_used(int dev) {
+  if (dev < 0) return &g_host_used;
+  if (!g_shm) return &g_used[dev];
+  if (g_slot_pid != (int32_t)getpid()) shm_claim(); /* a forked child: its own slot, from 0 */
+  return &g_slot->used[dev];
+}
 static uint64_t limit_of(int dev) { return dev < 0 ? HOST_MEM_LIMIT : g_limit; }
+
+/* Bytes of dev in use: this process's, or with a shared table every live
+ * process's (a forked child that has not allocated yet counts its parent's). */
+static uint64_t mem_used(int dev) {
+  if (dev < 0 || !g_shm) return *own_used(dev);
+  uint64_t sum = 0;
+  for (int i = 0; i < SHM_SLOTS; i++)
+    if (pid_alive(__atomic_load_n(&g_shm[i].pid, __ATOMIC_ACQUIRE)))
+      sum += __atomic_load_n(&g_shm[i].used[dev], __ATOMIC_ACQUIRE);
+  return sum;
+}
+
+/* Adds delta (negative: frees) to this process's use of dev, not below 0: a
+ * forked child freeing what its parent allocated gives back nothing. */
+static void mem_add(int dev, int64_t delta) {
+  uint64_t *u = own_used(dev), v = __atomic_load_n(u, __ATOMIC_RELAXED), nv;
+  do nv = delta < 0 && v < (uint64_t)-delta ? 0 : v + (uint64_t)delta;
+  while (!__atomic_compare_exchange_n(u, &v, nv, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+}
+
+/* Counts n more bytes of dev if they fit under its limit (1), else nothing
+ * (0). Counted first, checked after: two processes cannot both squeeze in. */
+static int mem_take(int dev, uint64_t n) {
+  mem_add(dev, (int64_t)n);
+  if (mem_used(dev) <= limit_of(dev)) return 1;
+  mem_add(dev, -(int64_t)n);
+  return 0;
+}
 
 static struct CUstream_st **g_streams;  /* every stream ever made, index = sid */
 static uint32_t g_nstreams, g_capstreams;
@@ -295,6 +402,8 @@ static void init_once(void) {
   g_lazy = lz && *lz && strcmp(lz, "0") != 0;
   const char *t = getenv("FAKECUDA_TRACE");
   if (t && *t) g_trace_fd = open(t, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const char *sm = getenv("FAKECUDA_SHARED_MEMORY");
+  if (sm && *sm) shm_open_table(sm);
   for (int i = 0; i < MAXDEV; i++) {
     g_ctx[i].magic = CTX_MAGIC;
     g_ctx[i].dev = i;
@@ -532,7 +641,7 @@ static void pool_release(struct CUmemPoolHandle_st *p, uint64_t keep) {
     if (r > b->bytes) r = b->bytes;
     b->bytes -= r;
     p->reserved -= r;
-    *used_of(p->dev) -= r;
+    mem_add(p->dev, -(int64_t)r);
     if (b->bytes == 0) {
       *pp = b->next;
       fblk_destroy(b);
@@ -565,9 +674,12 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, struct CUstream_st *s, 
     if (blk_reusable(p, b, s)) avail += b->bytes;
   uint64_t take = avail < rn ? avail : rn;
   uint64_t need = rn - take;
-  if (n > limit_of(p->dev) || *used_of(p->dev) + need > limit_of(p->dev)) goto oom;
+  if (n > limit_of(p->dev) || !mem_take(p->dev, need)) goto oom;
   struct alloc *a = make_alloc(n, FAKECUDA_POOL, p->dev);
-  if (!a) goto oom;
+  if (!a) {
+    mem_add(p->dev, -(int64_t)need);
+    goto oom;
+  }
   for (struct fblk **pp = &p->free; *pp && take;) {
     struct fblk *b = *pp;
     int how = blk_reusable(p, b, s);
@@ -590,7 +702,6 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, struct CUstream_st *s, 
     }
   }
   p->reserved += need;
-  *used_of(p->dev) += need;
   p->used += rn;
   if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
   if (p->used > p->used_high) p->used_high = p->used;
@@ -765,6 +876,18 @@ CUresult cuDeviceGetCount(int *count) {
   return CUDA_SUCCESS;
 }
 
+/* The same UUID for a device in every process (the shim names devices to
+ * other processes by it): "fakecuda" and the ordinal. */
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+  NEED_INIT();
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+  memset(uuid->bytes, 0, sizeof uuid->bytes);
+  memcpy(uuid->bytes, "fakecuda", 8);
+  uuid->bytes[15] = (char)dev;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
   NEED_INIT();
   if (!pi) return CUDA_ERROR_INVALID_VALUE;
@@ -845,7 +968,7 @@ static void destroy_device_state(int dev) {
     c->peer[i] = 0;
     g_ctx[i].peer[dev] = 0;
   }
-  g_used[dev] = 0;
+  __atomic_store_n(own_used(dev), 0, __ATOMIC_RELEASE);
   c->active = 0;
   c->gen++;
   g_legacy[dev]->gen = c->gen;
@@ -1353,13 +1476,15 @@ static CUresult plain_alloc(CUdeviceptr *dptr, size_t bytesize) {
   if (prohibited()) RET(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   int d = c->dev;
   struct alloc *a = NULL;
-  if (bytesize <= g_limit && g_used[d] + round256(bytesize) <= g_limit) a = make_alloc(bytesize, FAKECUDA_PLAIN, d);
+  if (bytesize <= g_limit && mem_take(d, round256(bytesize))) {
+    a = make_alloc(bytesize, FAKECUDA_PLAIN, d);
+    if (!a) mem_add(d, -(int64_t)round256(bytesize));
+  }
   if (!a) {
     CNT(alloc_failures);
     trace("oom plain %zu dev%d\n", bytesize, d);
     RET(CUDA_ERROR_OUT_OF_MEMORY);
   }
-  g_used[d] += a->rsize;
   CNT(plain_allocs);
   t_allocs++;
   trace("alloc plain %#" PRIxPTR " %zu dev%d\n", a->base, bytesize, d);
@@ -1393,7 +1518,7 @@ static void count_pool_free(const struct alloc *a) {
 }
 
 static void free_plain(struct alloc *a) {
-  g_used[a->dev] -= a->rsize;
+  mem_add(a->dev, -(int64_t)a->rsize);
   CNT(plain_frees);
   trace("free plain %#" PRIxPTR "\n", a->base);
   destroy_alloc(a);
@@ -1432,7 +1557,8 @@ CUresult cuMemGetInfo(size_t *free_, size_t *total) {
   CUresult r = cur_ctx(&c);
   if (r) RET(r);
   *total = (size_t)g_limit;
-  *free_ = (size_t)(g_limit - g_used[c->dev]);
+  uint64_t used = mem_used(c->dev); /* over the limit a moment: another process's try */
+  *free_ = (size_t)(used < g_limit ? g_limit - used : 0);
   RET(CUDA_SUCCESS);
 }
 
@@ -1923,6 +2049,7 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuInit", cuInit),
     PROC("cuDeviceGetCount", cuDeviceGetCount),
     PROC("cuDeviceGetAttribute", cuDeviceGetAttribute),
+    PROC("cuDeviceGetUuid", cuDeviceGetUuid_v2),
     PROC("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool),
     PROC("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain),
     PROC("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
@@ -2231,6 +2358,15 @@ int fakecuda_cpu_use(const void *p) {
   }
   UNLOCK();
   return 1;
+}
+
+uint64_t fakecuda_device_used(int dev) {
+  init();
+  if (dev < -1 || dev >= MAXDEV) return 0;
+  LOCK();
+  uint64_t u = mem_used(dev);
+  UNLOCK();
+  return u;
 }
 
 int fakecuda_device_idle(int dev) {

@@ -24,6 +24,16 @@
  *                           memory may not exceed it (CUDA_ERROR_OUT_OF_MEMORY,
  *                           cudaErrorMemoryAllocation). Also what
  *                           cuDeviceTotalMem and cuMemGetInfo report.
+ *   FAKECUDA_SHARED_MEMORY=path  device memory is shared by every process
+ *                           naming the same file, as one GPU's is: each counts
+ *                           its use in a slot of a table mapped from path
+ *                           (created, 0600), and the FAKECUDA_MEM_LIMIT check
+ *                           and cuMemGetInfo see the sum over processes that
+ *                           are alive (kill(pid, 0), and not a zombie), so a
+ *                           dead process's memory goes back. A forked child
+ *                           counts its own from 0 (64 processes at most at
+ *                           once). Pinned host memory stays per process.
+ *                           Default: each process has its own devices.
  *   FAKECUDA_LAZY_GPU=1     the GPU makes progress only when the host waits:
  *                           cuEventQuery/cuStreamQuery return
  *                           CUDA_ERROR_NOT_READY until the host synchronized
@@ -246,6 +256,12 @@ int fakecuda_cpu_use(const void *p);
  * thread's synchronization counts (a successful cuEventQuery/cuStreamQuery
  * included: the fake GPU makes progress then), a shim's own thread too. */
 int fakecuda_device_idle(int dev);
+
+/* Bytes of device dev in use, as the FAKECUDA_MEM_LIMIT check and
+ * cuMemGetInfo see them: live plain allocations plus pools' reserved memory,
+ * of every live process with FAKECUDA_SHARED_MEMORY, else of this one. dev -1:
+ * this process's pinned host memory. 0 for any other dev out of range. */
+uint64_t fakecuda_device_used(int dev);
 
 /* Host waits (cuCtxSynchronize, cuStreamSynchronize, cuEventSynchronize)
  * made by the calling thread so far: whether a call blocked the thread that

@@ -110,6 +110,12 @@ pub struct Config {
     pub small_blocks: u64,
     /// Device memory the pool may hold per device (`Exact(u64::MAX)`: no cap).
     pub memory_limit: Bytes,
+    /// How long a pool's unused memory is kept before it goes back to the
+    /// driver (`SOMA_DECAY_MS`); None: kept until the program exits.
+    pub decay: Option<std::time::Duration>,
+    /// Other shim processes of this user are asked for what they cache at
+    /// out-of-memory, and this one answers theirs (`SOMA_NEIGHBOURS`).
+    pub neighbours: bool,
     pub stats: StatsOutput,
     pub trace: Option<String>,
     pub meminfo: MemInfo,
@@ -129,6 +135,8 @@ enum Kind {
     MinSize,
     /// A byte count or a percentage of the device's memory.
     Share,
+    /// A whole number of milliseconds; 0 means never.
+    Millis,
     Pool,
     FreeOrder,
     LegacyCache,
@@ -154,6 +162,7 @@ impl Kind {
                 "a byte count above 0 such as 512MiB or 40G, a percentage of the device's memory such as 50% or \
                  12.5%, or max (no limit)"
             }
+            Kind::Millis => "a number of milliseconds such as 500 or 2000, or 0 (never)",
             Kind::Pool => "own or default",
             Kind::FreeOrder => "barrier or join",
             Kind::LegacyCache => "auto, on or off",
@@ -173,6 +182,7 @@ impl Kind {
 enum Value {
     Flag(bool),
     Size(Bytes),
+    Millis(Option<std::time::Duration>),
     Pool(PoolChoice),
     FreeOrder(FreeOrder),
     LegacyCache(LegacyCache),
@@ -336,6 +346,20 @@ pub static VARIABLES: &[Variable] = &[
         default: "max",
         doc: "Device memory the pool may hold per device (cached blocks included); past it cudaMalloc fails as out of memory.",
         store: store!(memory_limit, Size),
+    },
+    Variable {
+        name: "SOMA_DECAY_MS",
+        kind: Kind::Millis,
+        default: "1000",
+        doc: "Memory a pool holds beyond what the program used in the last this many milliseconds goes back to the driver, for other processes; device and pinned host pools; 0: kept until exit.",
+        store: store!(decay, Millis),
+    },
+    Variable {
+        name: "SOMA_NEIGHBOURS",
+        kind: Kind::Flag,
+        default: "1",
+        doc: "1: out of memory, the shim asks this user's other shim processes on the device to give back what they cache (waiting 200 ms at most) before it fails, answers their requests, and is listed by somarun --ps.",
+        store: store!(neighbours, Flag),
     },
     Variable {
         name: "SOMA_STATS",
@@ -510,6 +534,8 @@ impl Config {
             track_work: true,
             small_blocks: 0,
             memory_limit: Bytes::Exact(0),
+            decay: None,
+            neighbours: false,
             stats: StatsOutput::Off,
             trace: None,
             meminfo: MemInfo::Real,
@@ -583,6 +609,10 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
         Kind::Share => match text.strip_suffix('%') {
             Some(percent) => parse_percent(percent).map(|share| Value::Size(Bytes::DeviceShare(share))),
             None => parse_size(text).filter(|&n| n > 0).map(|n| Value::Size(Bytes::Exact(n))),
+        },
+        Kind::Millis => match text.parse::<u64>().ok()? {
+            0 => Some(Value::Millis(None)),
+            ms => Some(Value::Millis(Some(std::time::Duration::from_millis(ms)))),
         },
         Kind::Pool => match text.to_ascii_lowercase().as_str() {
             "own" => Some(Value::Pool(PoolChoice::Own)),
@@ -721,6 +751,8 @@ mod tests {
         assert_eq!(c.pending_free_limit, Bytes::Exact(64 << 20));
         assert_eq!(c.legacy_cache, LegacyCache::Auto);
         assert_eq!(c.memory_limit, Bytes::Exact(u64::MAX));
+        assert_eq!(c.decay, Some(std::time::Duration::from_secs(1)));
+        assert!(c.neighbours);
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
         assert_eq!(c.meminfo, MemInfo::Real);
@@ -887,6 +919,16 @@ mod tests {
         assert_eq!(c.release_threshold, Bytes::DeviceTotal);
         assert_eq!(c.release_threshold.resolve(80 << 30), 80 << 30);
         assert_eq!(blamed(config(&[("SOMA_MAX_BYTES", "total")]).unwrap_err()), "SOMA_MAX_BYTES");
+    }
+
+    #[test]
+    fn the_decay_is_a_whole_number_of_milliseconds_and_0_is_never() {
+        assert_eq!(config(&[("SOMA_DECAY_MS", "0")]).unwrap().decay, None);
+        assert_eq!(config(&[("SOMA_DECAY_MS", " 250 ")]).unwrap().decay, Some(std::time::Duration::from_millis(250)));
+        for bad in ["1s", "-5", "1.5", "", "max"] {
+            assert_eq!(blamed(config(&[("SOMA_DECAY_MS", bad)]).unwrap_err()), "SOMA_DECAY_MS", "{bad:?}");
+        }
+        assert!(!config(&[("SOMA_NEIGHBOURS", "0")]).unwrap().neighbours);
     }
 
     #[test]

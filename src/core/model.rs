@@ -525,6 +525,11 @@ impl Gpu for SimGpu {
         Ok(self.note("total_memory").capacity)
     }
 
+    fn device_uuid(&self, device: i32) -> CuResult<[u8; 16]> {
+        drop(self.note("device_uuid"));
+        Ok([device as u8; 16])
+    }
+
     fn create_nonblocking_stream(&self) -> CuResult<Stream> {
         let mut s = self.note("create_stream");
         Ok(Stream(s.new_stream(true) as *mut c_void))
@@ -695,20 +700,27 @@ impl Gpu for SimGpu {
         Ok(())
     }
 
-    fn trim(&self, pool: Pool) -> CuResult<()> {
+    fn trim(&self, pool: Pool, keep: u64) -> CuResult<()> {
         let mut s = self.note("trim");
         let done: Vec<bool> = s.ops.iter().map(|op| op.done).collect();
         if let Some(p) = s.pools.get_mut(&(pool.0 as usize)) {
-            let mut released = 0;
+            let mut reserved = p.reserved;
             p.freed.retain(|b| {
-                let keep = !done[b.free_op];
-                if !keep {
-                    released += b.size;
+                let release = done[b.free_op] && reserved >= keep.max(1);
+                if release {
+                    reserved -= b.size;
                 }
-                keep
+                !release
             });
-            p.reserved -= released;
+            p.reserved = reserved;
         }
+        Ok(())
+    }
+
+    fn reset_used_high(&self, pool: Pool) -> CuResult<()> {
+        let mut s = self.note("reset_used_high");
+        let p = s.pools.get_mut(&(pool.0 as usize)).ok_or(INVALID_VALUE)?;
+        p.used_high = p.used;
         Ok(())
     }
 

@@ -1204,3 +1204,64 @@ fn work_the_hooks_do_not_see_is_caught() {
     }
     assert!(caught.iter().all(|&c| c > 0), "missed work caught in {caught:?} of 16 seeds");
 }
+
+/// What the device's pool reserves, and what the program holds, as
+/// `somarun --ps` shows them.
+fn reserved_and_in_use(shim: &Allocator, gpu: &SimGpu) -> (u64, u64) {
+    let usage = shim.usage(gpu, 0).expect("the device's pool");
+    (usage.figures[3], usage.figures[0])
+}
+
+/// Memory the program stopped using goes back to the driver once the
+/// decay's delay has passed with no allocation or free, by the reclaimer
+/// thread alone; what the program holds stays. With the decay off
+/// (`SOMA_DECAY_MS=0`) the pool keeps it, until another process asks for
+/// it (`give_back`).
+#[test]
+fn unused_pool_memory_decays_or_is_given_back_when_asked() {
+    for decay in ["30", "0"] {
+        let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(13, CAPACITY)));
+        let shim: &'static Allocator = Box::leak(Box::new(allocator(&[("SOMA_DECAY_MS", decay), ("SOMA_SMALL_BLOCKS", "0")])));
+        let held = Shim::malloc(shim, gpu, 4 * MIB).expect("pooled");
+        let freed: Vec<u64> = (0..8).map(|_| Shim::malloc(shim, gpu, 4 * MIB).expect("pooled")).collect();
+        for &ptr in &freed {
+            shim.launch(gpu, Stream::LEGACY, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
+            Shim::free(shim, gpu, ptr);
+        }
+        gpu.drain();
+        // The GPU runs what the shim issues meanwhile (returns to the pool).
+        let stop = Arc::new(AtomicBool::new(false));
+        let background = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    gpu.progress(3);
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
+            })
+        };
+        assert!(shim.start_reclaimer(gpu));
+        let started = std::time::Instant::now();
+        let mut now = reserved_and_in_use(shim, gpu);
+        while now.0 > now.1 && started.elapsed() < std::time::Duration::from_secs(2) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            now = reserved_and_in_use(shim, gpu);
+        }
+        let after = started.elapsed();
+        if decay == "0" {
+            assert_eq!(now, (36 * MIB, 4 * MIB), "the pool kept what was freed");
+            assert_eq!(shim.give_back(gpu, None), 32 * MIB);
+            now = reserved_and_in_use(shim, gpu);
+        } else {
+            assert!(after >= std::time::Duration::from_millis(30), "gone after {after:?}, before the delay");
+        }
+        assert_eq!(now, (4 * MIB, 4 * MIB), "SOMA_DECAY_MS={decay}: what the program holds stays, the rest goes");
+        assert_eq!(shim.stats.device(0).given_back.load(Ordering::Relaxed), 32 * MIB);
+        shim.reclaimer.stop();
+        stop.store(true, Ordering::Relaxed);
+        background.join().expect("the GPU thread");
+        Shim::free(shim, gpu, held);
+        gpu.drain();
+        assert!(gpu.violations().is_empty(), "{:?}", gpu.violations());
+    }
+}

@@ -50,6 +50,14 @@ pub struct DeviceCounters {
     /// The pool's reserved high-water mark, read when in-use peaks, for when
     /// the pool cannot be asked at exit (a device reset destroyed it).
     pub reserved_high_seen: AtomicU64,
+    /// Bytes the pools gave back to the driver unused: by the decay, or
+    /// asked by another process or `somarun --trim`.
+    pub given_back: AtomicU64,
+    /// Times this process, out of memory, asked its neighbours (the other
+    /// shim processes of the user) to give back what they cache.
+    pub neighbours_asked: AtomicU64,
+    /// Bytes the neighbours said they gave back then.
+    pub neighbours_gave: AtomicU64,
 }
 
 /// One thread shard's share of a device's per-call counts.
@@ -274,6 +282,11 @@ impl Stats {
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));
             count(&mut out, "refused over memory limit", d.limit_refusals.load(Relaxed));
+            figure(&mut out, "given back to the driver", d.given_back.load(Relaxed));
+            count(&mut out, "neighbours asked", d.neighbours_asked.load(Relaxed));
+            if d.neighbours_asked.load(Relaxed) > 0 {
+                figure(&mut out, "given back by neighbours", d.neighbours_gave.load(Relaxed));
+            }
         }
         out.push_str("passed through to the real allocator\n");
         let mut any = false;

@@ -136,6 +136,13 @@ impl Gpu for Driver {
         Ok(bytes as u64)
     }
 
+    fn device_uuid(&self, device: i32) -> CuResult<[u8; 16]> {
+        let mut uuid = [0u8; 16];
+        // SAFETY: CUuuid is 16 bytes; one out-pointer to a local.
+        check(unsafe { cu::cuDeviceGetUuid_v2(uuid.as_mut_ptr().cast(), device) })?;
+        Ok(uuid)
+    }
+
     fn active_primary_context(&self, device: i32) -> CuResult<Option<Context>> {
         let (mut flags, mut active): (c_uint, c_int) = (0, 0);
         // SAFETY: two out-pointers to locals. Retaining an inactive primary
@@ -319,10 +326,17 @@ impl Gpu for Driver {
         check(unsafe { cu::cuMemPoolSetAccess(pool.0, (&desc as *const CUmemAccessDesc).cast(), 1) })
     }
 
-    /// Returns the pool's unused memory to the driver.
-    fn trim(&self, pool: Pool) -> CuResult<()> {
+    fn trim(&self, pool: Pool, keep: u64) -> CuResult<()> {
         // SAFETY: `pool` is live.
-        check(unsafe { cu::cuMemPoolTrimTo(pool.0, 0) })
+        check(unsafe { cu::cuMemPoolTrimTo(pool.0, keep as usize) })
+    }
+
+    fn reset_used_high(&self, pool: Pool) -> CuResult<()> {
+        let mut zero: u64 = 0;
+        // SAFETY: the high-water attributes take a u64, which only 0 resets.
+        check(unsafe {
+            cu::cuMemPoolSetAttribute(pool.0, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH as c_int, (&mut zero as *mut u64).cast())
+        })
     }
 
     fn alloc_from_pool(&self, size: u64, pool: Pool, stream: Stream) -> CuResult<u64> {

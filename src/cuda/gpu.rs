@@ -78,6 +78,9 @@ pub trait Gpu {
     /// Whether `device` can use pools of pinned host memory.
     fn supports_host_pools(&self, device: i32) -> CuResult<bool>;
     fn total_memory(&self, device: i32) -> CuResult<u64>;
+    /// The device's UUID: how processes with different device numbers (a
+    /// `CUDA_VISIBLE_DEVICES` of their own) name one device.
+    fn device_uuid(&self, device: i32) -> CuResult<[u8; 16]>;
     fn device_count(&self) -> CuResult<i32>;
 
     fn create_nonblocking_stream(&self) -> CuResult<Stream>;
@@ -121,8 +124,11 @@ pub trait Gpu {
     fn pool_bytes(&self, pool: Pool, counter: PoolCounter) -> CuResult<u64>;
     /// Lets `accessor` read and write every block of `pool`, past and future (or no longer).
     fn set_peer_access(&self, pool: Pool, accessor: i32, allowed: bool) -> CuResult<()>;
-    /// Returns the pool's unused memory to the driver.
-    fn trim(&self, pool: Pool) -> CuResult<()>;
+    /// Returns the pool's unused memory to the driver until it reserves
+    /// less than `keep` bytes (memory in use is never returned).
+    fn trim(&self, pool: Pool, keep: u64) -> CuResult<()>;
+    /// Starts the pool's used high-water mark again from what it uses now.
+    fn reset_used_high(&self, pool: Pool) -> CuResult<()>;
     fn alloc_from_pool(&self, size: u64, pool: Pool, stream: Stream) -> CuResult<u64>;
     /// Frees a pool block in `stream`'s order.
     fn free_async(&self, ptr: u64, stream: Stream) -> CuResult<()>;

@@ -222,6 +222,7 @@ pub mod driver {
         cuCtxSynchronize();
         cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: c_int);
         cuDeviceTotalMem_v2(bytes: *mut usize, device: c_int);
+        cuDeviceGetUuid_v2(uuid: *mut c_void, device: c_int);
         cuDeviceGetCount(count: *mut c_int);
         cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int);
         cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device: c_int);

@@ -24,6 +24,7 @@ use crate::cuda::driver::{self, Driver};
 use crate::cuda::gpu::{Context, Gpu, Stream};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
 use super::ipc;
+use super::neighbours;
 
 /// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
 pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPtr};
@@ -284,8 +285,30 @@ fn pool_alloc(
             (size, pitch)
         }
     };
-    let ptr = allocator.alloc(driver, context, size, caller, Memory::Device)?;
+    let ptr = match allocator.alloc(driver, context, size, caller, Memory::Device) {
+        Err(Unserved::PassThrough(Passthrough::PoolOutOfMemory)) if neighbours_gave_back(allocator, driver) => {
+            allocator.alloc(driver, context, size, caller, Memory::Device)
+        }
+        served => served,
+    }?;
     Ok((ptr, pitch))
+}
+
+/// Out of memory on the current device: whether the other shim processes of
+/// this user, asked (`SOMA_NEIGHBOURS`), gave back any of it.
+fn neighbours_gave_back(allocator: &Allocator, driver: &Driver) -> bool {
+    let Some((ordinal, uuid)) = driver.current_device().ok().and_then(|ordinal| Some((ordinal, allocator.device_uuid(ordinal)?))) else {
+        return false;
+    };
+    if !allocator.config.neighbours {
+        return false;
+    }
+    let answers = neighbours::ask_to_give_back(uuid);
+    log::debug!("device {ordinal}: out of memory; neighbours asked: {answers:?}");
+    let counters = allocator.stats.device(ordinal);
+    counters.neighbours_asked.fetch_add(1, Relaxed);
+    counters.neighbours_gave.fetch_add(answers.given, Relaxed);
+    answers.given > 0
 }
 
 /// The driver and the current context, made current first where none is.

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::ipc_wire::{decode_request, send_all, send_with_fd, Op, Reply, REQUEST_LEN};
+use super::ipc_wire::{decode_request, encode_usage, send_all, send_with_fd, Op, Reply, Request, REQUEST_LEN};
 use crate::core::allocator::state::Allocator;
 use crate::core::ptrmap::Block;
 use crate::core::shared_blocks::{IpcHandle, Secret};
@@ -419,11 +419,25 @@ impl Served {
         let request = decode_request(&client.bytes);
         (client.received, client.deadline) = (0, None);
         let sent = match request {
-            Some((Op::Open, handle)) if handle.pid == self.pid && handle.endpoint == self.endpoint => {
+            Some(Request::Lease(Op::Open, handle)) if handle.pid == self.pid && handle.endpoint == self.endpoint => {
                 self.grant(allocator, &mut client, &handle)
             }
-            Some((Op::Open, _)) => send_all(&client.connection, &Reply::REFUSED.encode()).is_ok(),
-            Some((Op::Close, handle)) => {
+            Some(Request::Lease(Op::Open, _)) => send_all(&client.connection, &Reply::REFUSED.encode()).is_ok(),
+            Some(Request::GiveBack(uuid)) => {
+                let given = driver::loaded().map_or(0, |driver| allocator.give_back(driver, uuid));
+                log::debug!("a neighbour asked: {given} bytes given back");
+                send_all(&client.connection, &Reply { status: 0, pool: given, data: [0; 64] }.encode()).is_ok()
+            }
+            Some(Request::Usage(index)) => {
+                let usage = driver::loaded().and_then(|driver| allocator.usage(driver, index as usize));
+                let reply = usage.map_or(Reply::REFUSED, |usage| Reply {
+                    status: 0,
+                    pool: usage.ordinal as u32 as u64 | (usage.host as u64) << 32,
+                    data: encode_usage(usage.uuid, usage.figures),
+                });
+                send_all(&client.connection, &reply.encode()).is_ok()
+            }
+            Some(Request::Lease(Op::Close, handle)) => {
                 let key = (handle.base, handle.secret);
                 let reply = match client.leases.get_mut(&key) {
                     Some(count) => {

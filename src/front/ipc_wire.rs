@@ -7,7 +7,20 @@
 //!   block's export data (64 bytes; zeros for a close). A granted open whose pool
 //!   the connection has not had yet carries the pool's descriptor (`SCM_RIGHTS`).
 //!
-//! All integers little-endian.
+//! Any shim process of the user may also ask another, over a connection of
+//! its own that ends with the answer (`neighbours.rs`):
+//!
+//! - op 3, give back: the 64 bytes are a flag (u8: 1 the device whose UUID
+//!   follows, 0 every pool, pinned host pools too) and the UUID (16 bytes);
+//!   the reply's second field is the bytes given back to the driver;
+//! - op 4, usage: the 64 bytes begin with a pool's index (u32: the devices'
+//!   pools, then the pinned host pools, in the order set up); the reply,
+//!   refused past the last, has the pool's device (u64: its ordinal, plus
+//!   2^32 for a pinned host pool) and its figures: the UUID (16 bytes), then
+//!   six u64s: in use, cached, freed and not yet reusable, reserved, the
+//!   peak in use, given back so far (`encode_usage`).
+//!
+//! All integers little-endian. scripts/somactl.py speaks ops 3 and 4 too.
 
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -30,6 +43,21 @@ pub(super) enum Op {
     Close = 2,
 }
 
+/// A request, as the server reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Request {
+    Lease(Op, IpcHandle),
+    /// Give back what the pools of this device (by UUID; None: every pool,
+    /// pinned host pools too) hold unused.
+    GiveBack(Option<[u8; 16]>),
+    /// What the pool of this index holds.
+    Usage(u32),
+}
+
+const GIVE_BACK: u32 = 3;
+const USAGE: u32 = 4;
+
+
 pub(super) fn encode_request(op: Op, handle: &IpcHandle) -> [u8; REQUEST_LEN] {
     let mut bytes = [0u8; REQUEST_LEN];
     bytes[..4].copy_from_slice(&(op as u32).to_le_bytes());
@@ -37,14 +65,43 @@ pub(super) fn encode_request(op: Op, handle: &IpcHandle) -> [u8; REQUEST_LEN] {
     bytes
 }
 
+/// A give-back request for the device `uuid` (None: every pool).
+pub(super) fn encode_give_back(uuid: Option<[u8; 16]>) -> [u8; REQUEST_LEN] {
+    let mut bytes = [0u8; REQUEST_LEN];
+    bytes[..4].copy_from_slice(&GIVE_BACK.to_le_bytes());
+    if let Some(uuid) = uuid {
+        bytes[4] = 1;
+        bytes[5..21].copy_from_slice(&uuid);
+    }
+    bytes
+}
+
 /// The request, if `bytes` are one (anything else breaks the protocol).
-pub(super) fn decode_request(bytes: &[u8; REQUEST_LEN]) -> Option<(Op, IpcHandle)> {
+pub(super) fn decode_request(bytes: &[u8; REQUEST_LEN]) -> Option<Request> {
     let op = match u32::from_le_bytes(bytes[..4].try_into().ok()?) {
         1 => Op::Open,
         2 => Op::Close,
+        GIVE_BACK => {
+            return match bytes[4] {
+                0 => Some(Request::GiveBack(None)),
+                1 => Some(Request::GiveBack(Some(bytes[5..21].try_into().ok()?))),
+                _ => None,
+            }
+        }
+        USAGE => return Some(Request::Usage(u32::from_le_bytes(bytes[4..8].try_into().ok()?))),
         _ => return None,
     };
-    Some((op, IpcHandle::decode(bytes[4..].try_into().ok()?)?))
+    Some(Request::Lease(op, IpcHandle::decode(bytes[4..].try_into().ok()?)?))
+}
+
+/// A usage reply's data: the UUID, then the six figures.
+pub(super) fn encode_usage(uuid: [u8; 16], figures: [u64; 6]) -> PointerExport {
+    let mut data = [0u8; 64];
+    data[..16].copy_from_slice(&uuid);
+    for (slot, figure) in data[16..].chunks_exact_mut(8).zip(figures) {
+        slot.copy_from_slice(&figure.to_le_bytes());
+    }
+    data
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,11 +295,23 @@ mod tests {
     fn messages_survive_their_bytes_and_other_bytes_are_no_request() {
         let handle = IpcHandle { pid: 7, endpoint: 0xfeed, base: 0x7f00_0000_1000, secret: [3; 32] };
         for op in [Op::Open, Op::Close] {
-            assert_eq!(decode_request(&encode_request(op, &handle)), Some((op, handle)));
+            assert_eq!(decode_request(&encode_request(op, &handle)), Some(Request::Lease(op, handle)));
         }
+        let uuid = [0xab; 16];
+        assert_eq!(decode_request(&encode_give_back(Some(uuid))), Some(Request::GiveBack(Some(uuid))));
+        assert_eq!(decode_request(&encode_give_back(None)), Some(Request::GiveBack(None)));
+        let mut usage = [0u8; REQUEST_LEN];
+        usage[..4].copy_from_slice(&4u32.to_le_bytes());
+        usage[4] = 2;
+        assert_eq!(decode_request(&usage), Some(Request::Usage(2)));
         let mut unknown = encode_request(Op::Open, &handle);
-        unknown[0] = 3;
+        unknown[0] = 5;
         assert_eq!(decode_request(&unknown), None);
+        let mut bad_flag = encode_give_back(None);
+        bad_flag[4] = 2;
+        assert_eq!(decode_request(&bad_flag), None);
+        let data = encode_usage(uuid, [1, 2, 3, 4, 5, 6]);
+        assert_eq!((&data[..16], u64::from_le_bytes(data[56..].try_into().unwrap())), (&uuid[..], 6));
         assert_eq!(decode_request(&[0; REQUEST_LEN]), None);
         let reply = Reply { status: 0, pool: 0x0102_0304_0506_0708, data: [9; 64] };
         assert_eq!(Reply::decode(&reply.encode()), reply);

@@ -11,6 +11,7 @@ pub mod hooks;
 pub mod ipc;
 pub mod ipc_server;
 mod ipc_wire;
+pub mod neighbours;
 pub mod pointer_queries;
 pub mod process;
 pub mod runtime_door;

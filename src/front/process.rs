@@ -1,9 +1,10 @@
 //! The process's life under the shim: its one allocator, made at the first
 //! hooked call (the configuration, the log); the exit and fork handlers,
-//! armed once CUDA works; and the process that loaded the shim, which tells
-//! a child forked before its first call.
+//! armed once CUDA works, when the process also joins its neighbours; and
+//! the process that loaded the shim, which tells a child forked before its
+//! first call.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Once, OnceLock};
 
@@ -76,6 +77,30 @@ pub fn arm_process_handlers() {
         libc::atexit(at_exit);
         libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child));
     });
+    if !JOINED.load(Relaxed) {
+        JOINED.store(true, Relaxed);
+        join_neighbours();
+    }
+}
+
+/// This process has joined its neighbours (a forked child joins anew).
+static JOINED: AtomicBool = AtomicBool::new(false);
+
+/// Once CUDA works in this process: its server listens, so that the other
+/// shim processes of the user find it and may ask it for memory
+/// (`SOMA_NEIGHBOURS`), and its reclaimer thread starts at the next free,
+/// for the decay (`SOMA_DECAY_MS`).
+fn join_neighbours() {
+    let allocator = allocator();
+    if allocator.config.disable {
+        return;
+    }
+    if allocator.config.decay.is_some() {
+        allocator.reclaimer.wake();
+    }
+    if allocator.config.neighbours {
+        ipc_server::server_endpoint(allocator);
+    }
 }
 
 extern "C" fn at_exit() {
@@ -115,6 +140,7 @@ extern "C" fn after_fork_in_child() {
     // A panic here must not unwind into libc's fork.
     let _ = std::panic::catch_unwind(|| {
         let allocator = allocator();
+        JOINED.store(false, Relaxed);
         if let Ok(Some((pause, ipc_pause))) = FORK_PAUSE.try_with(|slot| slot.borrow_mut().take()) {
             pause.in_child(&allocator.reclaimer);
             ipc_pause.in_child();

@@ -216,9 +216,16 @@ impl Allocator {
     }
 
     /// One step of the reclaimer: every device's frees joined and the passed
-    /// ones returned, with no host wait. Nothing while a capture is in
-    /// progress (a join records on the legacy stream and on the program's).
+    /// ones returned, with no host wait, then the decay's checks that are
+    /// due. Nothing while a capture is in progress (a join records on the
+    /// legacy stream and on the program's).
     fn reclaim_all(&self, driver: &impl Gpu) -> Activity {
+        let activity = self.reclaim_frees(driver);
+        self.decay_all(driver);
+        activity
+    }
+
+    fn reclaim_frees(&self, driver: &impl Gpu) -> Activity {
         let captures = read(&self.captures);
         let mut activity = Activity::Idle;
         for device in self.devices.pools().into_iter().chain(self.hosts.pools()) {

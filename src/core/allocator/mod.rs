@@ -8,11 +8,13 @@
 //! One `Allocator` (`state`: its fields, construction and shared lookups),
 //! its methods in one room per program event: `alloc`, `free` (and the
 //! deferred frees, the reclaimer's steps), `streams` (and captures),
-//! `device_life` (set-up, reset, peer access, fork), `ipc`, `report`.
+//! `device_life` (set-up, reset, peer access, fork), `ipc`, `give_back`
+//! (memory back to the driver, for other processes), `report`.
 
 pub mod alloc;
 pub mod device_life;
 pub mod free;
+pub mod give_back;
 pub mod ipc;
 pub mod report;
 pub mod state;

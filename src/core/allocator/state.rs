@@ -102,6 +102,11 @@ impl Allocator {
         self.device_context(self.live_block(ptr)?.device)
     }
 
+    /// The UUID of device `ordinal`, once its pool is set up.
+    pub fn device_uuid(&self, ordinal: i32) -> Option<[u8; 16]> {
+        self.known_device(ordinal).map(|d| d.uuid)
+    }
+
     /// The context of device `ordinal`'s pool, once the device is set up.
     pub fn device_context(&self, ordinal: i32) -> Option<Context> {
         self.known_device(ordinal).map(|d| d.context)

@@ -1,5 +1,7 @@
-//! One device's pool (`pool`: set-up, allocation, teardown) and the
-//! ordering that makes its reuse safe (`ordering`).
+//! One device's pool (`pool`: set-up, allocation, teardown), the ordering
+//! that makes its reuse safe (`ordering`), and what it gives back to the
+//! driver unused (`decay`).
 
+pub mod decay;
 pub mod ordering;
 pub mod pool;

@@ -236,7 +236,7 @@ impl Device {
     /// at once; one ordered on the legacy stream, whose work may still run,
     /// on that stream, where allocations reuse it in its order (and others
     /// only once the GPU has passed it).
-    fn return_to_pool(&self, driver: &impl Gpu, ptr: u64, in_legacy_order: bool) {
+    pub(super) fn return_to_pool(&self, driver: &impl Gpu, ptr: u64, in_legacy_order: bool) {
         let stream = if in_legacy_order { Stream::LEGACY } else { self.pool_stream };
         if let Err(e) = driver.free_async(ptr, stream) {
             log::warn!("device {}: returning a block to the pool failed: {e:?}", self.ordinal);

@@ -2,8 +2,11 @@
 //! its teardown at a reset. How frees are ordered before its blocks are
 //! handed out again: `ordering`.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Instant;
 
+use super::decay::Window;
 use crate::core::config::{Config, FreeOrder, LegacyCache, PoolChoice};
 use crate::core::locks::Padded;
 use crate::core::pending::PendingFrees;
@@ -17,6 +20,8 @@ pub struct Device {
     /// A pool of pinned host memory (for the device `ordinal`), not of device memory.
     pub host: bool,
     pub context: Context,
+    /// The device's UUID, by which other processes name it.
+    pub uuid: [u8; 16],
     /// `context`'s ID when the pool was set up: a different one means the
     /// device was reset, maybe by a path the shim does not see.
     pub context_id: u64,
@@ -64,6 +69,11 @@ pub struct Device {
     pub(super) memory_limit: Option<u64>,
     /// Frees queued, joined or cached, and the blocks they become.
     pub(super) pending: PendingFrees,
+    /// The decay's checks (`SOMA_DECAY_MS`; None: never).
+    pub(super) decay: Mutex<Option<Window>>,
+    /// Each pool's used high-water mark before the decay last started it
+    /// again: the peak the statistics report.
+    pub(super) used_high_before: [AtomicU64; 2],
 }
 
 /// Why an allocation did not come from the pool.
@@ -118,6 +128,7 @@ impl Device {
             ordinal,
             host,
             context,
+            uuid: driver.device_uuid(ordinal)?,
             context_id: driver.context_id(context)?,
             pool,
             owns_pool,
@@ -143,6 +154,8 @@ impl Device {
                 if small_pool.is_some() { config.small_blocks } else { 0 },
                 if host { Observer::Host } else { Observer::Device },
             ),
+            decay: Mutex::new(config.decay.map(|delay| Window::new(delay, Instant::now()))),
+            used_high_before: Default::default(),
         })
     }
 
@@ -154,7 +167,7 @@ impl Device {
         }
     }
 
-    fn pools(&self) -> impl Iterator<Item = Pool> {
+    pub(super) fn pools(&self) -> impl Iterator<Item = Pool> {
         std::iter::once(self.pool).chain(self.small_pool)
     }
 
@@ -217,7 +230,7 @@ impl Device {
             driver.synchronize_stream(Stream::LEGACY).map_err(AllocFailure::Driver)?;
         }
         driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
-        self.pools().try_for_each(|pool| driver.trim(pool)).map_err(AllocFailure::Driver)
+        self.pools().try_for_each(|pool| driver.trim(pool, 0)).map_err(AllocFailure::Driver)
     }
 
     /// Bytes the pools hold now, used or not.
@@ -228,12 +241,23 @@ impl Device {
     /// The pools' high-water marks, if they can still be asked; with two
     /// pools, the sum of each one's (at least the peak of both together).
     pub fn peaks(&self, driver: &impl Gpu) -> Option<PoolPeaks> {
-        self.pools().try_fold(PoolPeaks { used_high: 0, reserved_high: 0 }, |sum, pool| {
+        self.pools().zip(&self.used_high_before).try_fold(PoolPeaks { used_high: 0, reserved_high: 0 }, |sum, (pool, before)| {
+            let used_high = driver.pool_bytes(pool, PoolCounter::UsedHigh).ok()?.max(before.load(Relaxed));
             Some(PoolPeaks {
-                used_high: sum.used_high + driver.pool_bytes(pool, PoolCounter::UsedHigh).ok()?,
+                used_high: sum.used_high + used_high,
                 reserved_high: sum.reserved_high + driver.pool_bytes(pool, PoolCounter::ReservedHigh).ok()?,
             })
         })
+    }
+
+    /// Bytes freed and kept in the cache, reusable at once.
+    pub fn cached_bytes(&self) -> u64 {
+        self.pending.cached_bytes()
+    }
+
+    /// Bytes freed and not yet reusable (queued, or ordered and not passed).
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending.pending_bytes()
     }
 
     /// Bytes the pools hold that the program does not: unused in a pool,

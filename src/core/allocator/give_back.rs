@@ -1,0 +1,98 @@
+//! Memory the pools give back to the driver, for other processes: the decay
+//! of what they hold unused (the reclaimer's steps), what another process
+//! out of memory or `somarun --trim` asks for, and the figures
+//! `somarun --ps` shows.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use super::state::Allocator;
+use crate::core::device::pool::Device;
+use crate::core::locks::read;
+use crate::cuda::gpu::Gpu;
+
+/// What one pool holds, for `somarun --ps`.
+pub struct PoolUsage {
+    pub ordinal: i32,
+    /// A pinned host memory pool (for device `ordinal`).
+    pub host: bool,
+    pub uuid: [u8; 16],
+    /// In order: in use by the program, cached, freed and not yet reusable,
+    /// reserved by the pool, the program's peak in use, given back so far
+    /// (as `USAGE_FIELDS` names them).
+    pub figures: [u64; 6],
+}
+
+impl Allocator {
+    /// Every pool, the devices' first, then the pinned host memory pools.
+    fn every_pool(&self) -> impl Iterator<Item = Arc<Device>> {
+        self.devices.pools().into_iter().chain(self.hosts.pools())
+    }
+
+    /// Runs `give` on each of `pools` in its device's context, counting what
+    /// it gave back; nothing while a capture is in progress (returning
+    /// cached blocks may use the legacy stream) or on a device reset by a
+    /// path the shim does not see. Bytes given back.
+    fn give_back_from(
+        &self,
+        driver: &impl Gpu,
+        pools: impl Iterator<Item = Arc<Device>>,
+        give: impl Fn(&Device) -> u64,
+    ) -> u64 {
+        let captures = read(&self.captures);
+        if !captures.is_empty() {
+            return 0;
+        }
+        let mut total = 0;
+        for device in pools {
+            if !self.is_current_incarnation(driver, device.ordinal, None) {
+                continue;
+            }
+            match driver.with_context(device.context, || give(&device)) {
+                Ok(given) => {
+                    self.stats.counters(device.ordinal, device.host).given_back.fetch_add(given, Relaxed);
+                    total += given;
+                }
+                Err(e) => log::warn!("device {}: cannot make its context current: {e:?}", device.ordinal),
+            }
+        }
+        total
+    }
+
+    /// The decay's checks that are due (`SOMA_DECAY_MS`), on every pool. By
+    /// the reclaimer, between its steps.
+    pub(super) fn decay_all(&self, driver: &impl Gpu) {
+        let due: Vec<_> = self.every_pool().filter(|device| device.decay_due()).collect();
+        if due.is_empty() {
+            return;
+        }
+        self.give_back_from(driver, due.into_iter(), |device| {
+            let counters = self.stats.counters(device.ordinal, device.host);
+            let activity = counters.total(|t| &t.pool_allocs) + counters.total(|t| &t.pool_frees);
+            device.decay(driver, &self.map, activity)
+        });
+    }
+
+    /// Gives back all that the pools of the device `uuid` (None: every pool,
+    /// pinned host pools too) hold and the program does not use. Bytes given back.
+    pub fn give_back(&self, driver: &impl Gpu, uuid: Option<[u8; 16]>) -> u64 {
+        let pools = self.every_pool().filter(|device| uuid.map_or(true, |uuid| !device.host && device.uuid == uuid));
+        self.give_back_from(driver, pools, |device| device.give_back(driver, &self.map))
+    }
+
+    /// The figures of the pool at `index` (devices first, then pinned host pools).
+    pub fn usage(&self, driver: &impl Gpu, index: usize) -> Option<PoolUsage> {
+        let device = self.every_pool().nth(index)?;
+        let counters = self.stats.counters(device.ordinal, device.host);
+        let reserved = driver.with_context(device.context, || device.reserved(driver)).unwrap_or(0);
+        let figures = [
+            counters.in_use.load(Relaxed),
+            device.cached_bytes(),
+            device.pending_bytes(),
+            reserved,
+            counters.peak_in_use.load(Relaxed),
+            counters.given_back.load(Relaxed),
+        ];
+        Some(PoolUsage { ordinal: device.ordinal, host: device.host, uuid: device.uuid, figures })
+    }
+}
