@@ -80,7 +80,7 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork pitch pinned ipc ipc_server ipc_leases pointer_queries)
+  fork pitch pinned ipc ipc_server ipc_leases neighbours pointer_queries)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -514,17 +514,24 @@ done
 # their lease, a poll that fails for good, and importers of an exporter killed
 # unreaped, with a forked child alive, or gone leaving its socket file
 # (ipc_server.c, one case each; under the shim only).
-ipc_server_case() { # name case expected-stdout
-  local name="ipc server: $1"
+# shim_case NAME PROGRAM VAR=CASE EXPECTED [VAR=VALUE...]: PROGRAM under the
+# shim with the case picked by VAR passes, prints EXPECTED (its "# " lines
+# aside) and nothing on stderr.
+shim_case() {
+  local name=$1 program=$2 picked=$3 expected=$4
+  shift 4
   wanted "$name" || return 0
   next_key
-  run shim "$KEY" "$BIN/ipc_server" IPC_SERVER_CASE="$2"
-  if [ "$(rc_of "$KEY")" = 0 ] && [ "$(grep -v '^# ' "$RUNS/$KEY.out")" = "$3" ] && [ ! -s "$RUNS/$KEY.err" ]; then
+  run shim "$KEY" "$BIN/$program" "$picked" "$@"
+  if [ "$(rc_of "$KEY")" = 0 ] && [ "$(grep -v '^# ' "$RUNS/$KEY.out")" = "$expected" ] && [ ! -s "$RUNS/$KEY.err" ]; then
     pass "$name"
   else
     { explain "$KEY" shim >/dev/null; cat "$RUNS/$KEY.why"; echo "stdout:"; cat "$RUNS/$KEY.out"; } >"$RUNS/$KEY.whyall"
     fail "$name" "$RUNS/$KEY.whyall"
   fi
+}
+ipc_server_case() { # name case expected-stdout
+  shim_case "ipc server: $1" ipc_server IPC_SERVER_CASE="$2" "$3"
 }
 ipc_server_case "a client that stalls its request delays no other open" stalled 'an open answered at once while a client stalls: yes
 the stalled client cut off: yes'
@@ -549,16 +556,7 @@ the stale socket file removed: yes'
 # Many leases over one connection, descriptors limited to 1024 in both
 # processes (ipc_leases.c, one case each; under the shim only).
 ipc_leases_case() { # name case expected-stdout
-  local name="ipc leases: $1"
-  wanted "$name" || return 0
-  next_key
-  run shim "$KEY" "$BIN/ipc_leases" IPC_LEASES_CASE="$2"
-  if [ "$(rc_of "$KEY")" = 0 ] && [ "$(grep -v '^# ' "$RUNS/$KEY.out")" = "$3" ] && [ ! -s "$RUNS/$KEY.err" ]; then
-    pass "$name"
-  else
-    { explain "$KEY" shim >/dev/null; cat "$RUNS/$KEY.why"; echo "stdout:"; cat "$RUNS/$KEY.out"; } >"$RUNS/$KEY.whyall"
-    fail "$name" "$RUNS/$KEY.whyall"
-  fi
+  shim_case "ipc leases: $1" ipc_leases IPC_LEASES_CASE="$2" "$3"
 }
 ipc_leases_case "5,000 handles of one exporter cost neither process a descriptor each" many "all 5000 handles opened under a limit of 1024 descriptors: yes
 the importer's descriptors stay bounded: yes
@@ -575,6 +573,22 @@ both threads got the same address for a handle both opened: yes
 the importer's descriptors stay bounded: yes
 every block held while open: yes
 every block freed once closed: yes"
+
+# Processes sharing the double's device (neighbours.c, one case each): what a
+# program freed reaches another process, after the decay or when asked.
+neighbours_case() { # name case expected-stdout
+  shim_case "neighbours: $1" neighbours NEIGHBOURS_CASE="$2" "$3" SOMARUN="$ROOT/scripts/somarun"
+}
+neighbours_case "freed memory reaches a native process once the decay has passed" decay "a native neighbour: out of memory at once: yes
+it succeeds once the delay has passed: yes"
+neighbours_case "SOMA_DECAY_MS=0 keeps it" never "with SOMA_DECAY_MS=0 the pool keeps it: yes"
+neighbours_case "a process under the shim is given it at once" reclaim "a neighbour under the shim gets it at once: yes"
+neighbours_case "a dead and a stopped neighbour cost at most the wait" dead_and_stalled "beside a dead and a stopped neighbour, the taker succeeds within the bound: yes
+the dead neighbour's socket removed: yes"
+neighbours_case "a stopped holder costs the wait, then out of memory" stalled "a stopped holder: out of memory after the bound, not later: yes"
+neighbours_case "somarun --ps and --trim" ps "somarun --ps lists the holder, with what it caches: yes
+somarun --trim gives it back: yes
+then a native neighbour gets it at once: yes"
 
 # A forked child reports to files of its own (<path>.<pid>), with its own
 # header; no event is written by both processes. fork.c: the parent's blocks

@@ -6,7 +6,7 @@
 //!
 //! Every peer is asked at once and waited for `ASK_WAIT` at most, so a
 //! stalled or stopped peer costs that much; a dead one's socket refuses at
-//! once (and is removed once its process is gone).
+//! once (no process listens there: the file is removed).
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -44,7 +44,7 @@ pub fn ask_to_give_back(uuid: [u8; 16]) -> Answers {
                     waiting.push((connection, [0; REPLY_LEN], 0));
                 }
             }
-            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) && !alive(pid) => {
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
                 let _ = std::fs::remove_file(&path);
             }
             Err(e) => log::debug!("neighbour {pid}: {e}"),
@@ -104,10 +104,4 @@ fn peers() -> Vec<(u32, PathBuf)> {
             (pid != me).then_some((pid, path))
         })
         .collect()
-}
-
-/// Whether process `pid` exists (maybe another user's: it still holds the pid).
-fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) }
 }
