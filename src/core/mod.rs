@@ -5,6 +5,7 @@
 
 pub mod allocator;
 pub mod config;
+pub mod decay;
 pub mod device;
 pub mod edit_distance;
 pub mod locks;

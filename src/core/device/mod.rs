@@ -1,7 +1,7 @@
 //! One device's pool (`pool`: set-up, allocation, teardown), the ordering
 //! that makes its reuse safe (`ordering`), and what it gives back to the
-//! driver unused (`decay`).
+//! driver unused (`release`).
 
-pub mod decay;
 pub mod ordering;
 pub mod pool;
+pub mod release;

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::decay::Window;
 use crate::core::config::{Config, FreeOrder, LegacyCache, PoolChoice};
+use crate::core::decay::Window;
 use crate::core::locks::Padded;
 use crate::core::pending::PendingFrees;
 use crate::core::stats::PoolPeaks;

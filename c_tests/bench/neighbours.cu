@@ -1,0 +1,174 @@
+/* Two processes on one GPU (scripts/bench_neighbours.sh runs it natively and
+ * under the shim). A turn: allocate SHARE of the device in 64 blocks, fill
+ * them (cudaMemset), free them all, synchronize.
+ *
+ *   neighbours second [SECOND_PRELOAD]  a first process takes a turn and
+ *       idles; a second one (under the shim if SECOND_PRELOAD is set, else
+ *       native) asks for SHARE in one block, again every 5 ms until it gets
+ *       it. Prints "second_ms <ms> first_call_ms <ms>": from its first
+ *       request to success, and how long that first request took.
+ *   neighbours turns <rounds> <idle_ms>  two processes take turns, each
+ *       idling <idle_ms> after its turn before telling the other to go.
+ *       Prints "turns_ms <ms of all turns> oom <failed allocations>".
+ *
+ * Processes run as this one is (LD_PRELOAD inherited), the second of
+ * "second" as SECOND_PRELOAD says. */
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PIECES 64
+#define SHARE 0.6
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static size_t share_of_device(void) {
+  size_t free_now = 0, total = 0;
+  cudaMemGetInfo(&free_now, &total);
+  return (size_t)(total * SHARE) / PIECES / (2u << 20) * (2u << 20) * PIECES;
+}
+
+/* One turn; returns the allocations that failed. */
+static int turn(void) {
+  size_t piece = share_of_device() / PIECES;
+  void *blocks[PIECES] = {0};
+  int failed = 0;
+  for (int i = 0; i < PIECES; i++) {
+    if (cudaMalloc(&blocks[i], piece) != cudaSuccess) {
+      cudaGetLastError();
+      blocks[i] = NULL;
+      failed++;
+      continue;
+    }
+    cudaMemset(blocks[i], i, piece);
+  }
+  for (int i = 0; i < PIECES; i++)
+    if (blocks[i]) cudaFree(blocks[i]);
+  cudaDeviceSynchronize();
+  return failed;
+}
+
+static void put(int fd, int v) {
+  while (write(fd, &v, sizeof v) < 0 && errno == EINTR) {
+  }
+}
+static int get(int fd) {
+  int v = -1;
+  ssize_t n;
+  while ((n = read(fd, &v, sizeof v)) < 0 && errno == EINTR) {
+  }
+  return n == sizeof v ? v : -1;
+}
+
+struct child {
+  pid_t pid;
+  int to, from;
+};
+
+/* This program again as `role`, talking over two pipes. */
+static struct child spawn(const char *role) {
+  int to[2], from[2];
+  if (pipe2(to, O_CLOEXEC) || pipe2(from, O_CLOEXEC)) exit(1);
+  fflush(stdout);
+  struct child c = {fork(), to[1], from[0]};
+  if (c.pid == 0) {
+    dup2(to[0], 0);
+    dup2(from[1], 1);
+    execl("/proc/self/exe", "neighbours", role, (char *)NULL);
+    _exit(127);
+  }
+  close(to[0]);
+  close(from[1]);
+  return c;
+}
+
+static int finish(struct child c) {
+  close(c.to);
+  close(c.from);
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* A player: takes a turn at each request, answers with the failed
+ * allocations, until stdin closes. */
+static int player(void) {
+  cudaFree(NULL);
+  for (int v; (v = get(0)) >= 0;) {
+    if (v == 1) put(1, turn());
+    else put(1, 0); /* ready */
+  }
+  return 0;
+}
+
+/* Asks for SHARE in one block until it gets it; answers two doubles. */
+static int asker(void) {
+  cudaFree(NULL);
+  get(0);
+  size_t bytes = share_of_device();
+  void *p = NULL;
+  double start = now_ms();
+  cudaError_t rc = cudaMalloc(&p, bytes);
+  double first = now_ms() - start;
+  while (rc != cudaSuccess && now_ms() - start < 20000) {
+    cudaGetLastError();
+    usleep(5000);
+    rc = cudaMalloc(&p, bytes);
+  }
+  double got = rc == cudaSuccess ? now_ms() - start : -1;
+  if (rc == cudaSuccess) cudaFree(p);
+  double out[2] = {got, first};
+  if (write(1, out, sizeof out) != sizeof out) return 1;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "player") == 0) return player();
+  if (argc == 2 && strcmp(argv[1], "asker") == 0) return asker();
+  if (argc >= 2 && strcmp(argv[1], "second") == 0) {
+    struct child first = spawn("player");
+    put(first.to, 1);
+    int failed = get(first.from);
+    char *preload = getenv("LD_PRELOAD") ? strdup(getenv("LD_PRELOAD")) : NULL;
+    const char *second_preload = getenv("SECOND_PRELOAD");
+    if (second_preload && *second_preload) setenv("LD_PRELOAD", second_preload, 1);
+    else unsetenv("LD_PRELOAD");
+    struct child second = spawn("asker");
+    if (preload) setenv("LD_PRELOAD", preload, 1);
+    put(second.to, 1);
+    double out[2] = {-1, -1};
+    if (read(second.from, out, sizeof out) != sizeof out) out[0] = -1;
+    printf("second_ms %.1f first_call_ms %.1f first_failed %d\n", out[0], out[1], failed);
+    return finish(second) | finish(first);
+  }
+  if (argc == 4 && strcmp(argv[1], "turns") == 0) {
+    int rounds = atoi(argv[2]), idle_ms = atoi(argv[3]), oom = 0;
+    struct child players[2] = {spawn("player"), spawn("player")};
+    for (int p = 0; p < 2; p++) {
+      put(players[p].to, 0);
+      get(players[p].from);
+    }
+    double busy = 0;
+    for (int r = 0; r < rounds; r++) {
+      double start = now_ms();
+      put(players[r % 2].to, 1);
+      oom += get(players[r % 2].from);
+      busy += now_ms() - start;
+      usleep(idle_ms * 1000);
+    }
+    printf("turns_ms %.1f oom %d\n", busy, oom);
+    return finish(players[0]) | finish(players[1]);
+  }
+  fprintf(stderr, "usage: neighbours second | neighbours turns ROUNDS IDLE_MS\n");
+  return 2;
+}

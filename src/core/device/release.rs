@@ -1,0 +1,94 @@
+//! What a device's pools give back to the driver, for other processes: at
+//! the decay's checks (`core/decay.rs` decides how much), and all they hold
+//! unused when asked (another process out of memory, `somarun --trim`).
+
+use std::time::Instant;
+
+use super::pool::Device;
+use crate::core::decay::Release;
+use crate::core::locks::lock;
+use crate::core::pending::Keep;
+use crate::core::ptrmap::PointerMap;
+use crate::cuda::gpu::{Gpu, PoolCounter, Stream};
+
+impl Device {
+    /// Whether a check of the decay is due.
+    pub fn decay_due(&self) -> bool {
+        lock(&self.decay).as_ref().is_some_and(|window| window.due(Instant::now()))
+    }
+
+    /// A check of the decay, if one is due: returns what the pools hold
+    /// beyond what the program used within the delay, or, idle, all they
+    /// hold unused. The device's context must be current, no capture in
+    /// progress. Returns the bytes given back.
+    pub fn decay(&self, driver: &impl Gpu, map: &PointerMap, activity: u64) -> u64 {
+        let now = Instant::now();
+        let mut window = lock(&self.decay);
+        let Some(window) = window.as_mut().filter(|window| window.due(now)) else {
+            return 0;
+        };
+        let highs = self.used_highs_since_last_check(driver);
+        match window.check(now, activity, highs) {
+            Release::All => self.give_back(driver, map),
+            Release::Beyond(keep) => self.trim_beyond(driver, keep),
+        }
+    }
+
+    /// Everything the pools hold that the program does not: the cache goes
+    /// to the pool, and the pool returns what it does not use (frees the
+    /// GPU has not passed yet stay). The device's context must be current,
+    /// no capture in progress. Returns the bytes given back.
+    pub fn give_back(&self, driver: &impl Gpu, map: &PointerMap) -> u64 {
+        // Another thread returning frees meanwhile (an allocation that
+        // waits): the cache goes at the next check.
+        if let Some(_returning) = self.pending.try_reclaiming() {
+            self.pending.release_cached(Keep::None, map, |ptr, in_legacy_order| self.return_to_pool(driver, ptr, in_legacy_order));
+        }
+        self.trim_beyond(driver, [0, 0])
+    }
+
+    /// Each pool returns what it reserves beyond `keep` (its bytes, main pool
+    /// first). Returns the bytes given back.
+    fn trim_beyond(&self, driver: &impl Gpu, keep: [u64; 2]) -> u64 {
+        let reserved = |pool| driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0);
+        let over: Vec<_> = self.pools().zip(keep).filter(|&(pool, keep)| reserved(pool) > keep).collect();
+        if over.is_empty() {
+            return 0;
+        }
+        // The driver returns a block only once it has seen its free pass:
+        // asking the streams blocks go back on lets it see that.
+        driver.is_idle(self.pool_stream);
+        driver.is_idle(Stream::LEGACY);
+        let mut given_back = 0;
+        for (pool, keep) in over {
+            let before = reserved(pool);
+            if let Err(e) = driver.trim(pool, keep) {
+                log::debug!("device {}: trimming the pool failed: {e:?}", self.ordinal);
+            }
+            given_back += before.saturating_sub(reserved(pool));
+        }
+        if given_back > 0 {
+            log::debug!("device {}: {given_back} bytes back to the driver", self.ordinal);
+        }
+        given_back
+    }
+
+    /// Each pool's used high-water mark since the last check, and started
+    /// again. The device's default pool (`SOMA_POOL=default`) is the
+    /// program's too, whose high-water mark is left alone: unknown.
+    fn used_highs_since_last_check(&self, driver: &impl Gpu) -> [u64; 2] {
+        let mut highs = [u64::MAX; 2];
+        if !self.owns_pool {
+            return highs;
+        }
+        for ((pool, high), before) in self.pools().zip(&mut highs).zip(&self.used_high_before) {
+            let Ok(since) = driver.pool_bytes(pool, PoolCounter::UsedHigh) else { continue };
+            // Kept for the statistics' peak, which the reset would lose.
+            before.fetch_max(since, std::sync::atomic::Ordering::Relaxed);
+            if driver.reset_used_high(pool).is_ok() {
+                *high = since;
+            }
+        }
+        highs
+    }
+}
