@@ -20,7 +20,8 @@
 #     async; the ratios shim/real, shim/async, shim(N streams)/shim(0);
 # then the verdict on the targets of issue 12 (ok/MISS; a miss does not fail
 # the benchmark: speed targets live here, never in timed tests); then pinned
-# host memory (scripts/bench_pinned.sh) and CUDA IPC (scripts/bench_ipc.sh).
+# host memory (scripts/bench_pinned.sh), CUDA IPC (scripts/bench_ipc.sh) and two processes
+# sharing the GPU (scripts/bench_neighbours.sh).
 #
 # Every scenario runs BENCH_REPS times (default 3), each time in a fresh
 # process; the repetitions go round the whole list, so that a noisy spell of
@@ -126,6 +127,8 @@ PARTS=(
   "stall|stall|stall|all"
   "pitch|pitch2d|pitch|all"
   "gpu|gpu-chain|gpu-chain|all"
+  "launch|launch-legacy|launch-legacy|rsa"
+  "launch|launch-nb|launch-nb|rsa"
   "streams|idle-nb:0|idle-nb:0|rsa"
   "streams|idle-nb:1|idle-nb:1|rsa"
   "streams|idle-nb:8|idle-nb:8|rsa"
@@ -227,6 +230,9 @@ nlp: 8 live blocks of 4 KiB..128 MiB, the oldest freed each time; threadsN: N ho
   gpu-chain: GPU time, not host time: 1000 kernels of ~10 us on the legacy stream with a 1 MiB
   pair around each, the host far ahead (as in a training step), us of GPU time per kernel;
   gpu-chain-kernels: the same kernels with no allocator call (the floor).
+launch-legacy, launch-nb: no allocation at all: 40,000 empty-kernel launches on the legacy (a
+  non-blocking) stream and a synchronization, wall time per launch (the hooks' cost to a program
+  that gains nothing from the shim; async runs the same program as real).
 r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a proxy for the pool's
   reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held, counted as at
   least 1 MiB; for shim, shim+nb and async (the device's default pool).
@@ -244,6 +250,8 @@ echo
 scripts/bench_pinned.sh "$SHIM" || FAILED+=("pinned host memory (scripts/bench_pinned.sh)")
 echo
 scripts/bench_ipc.sh "$SHIM" || FAILED+=("CUDA IPC (scripts/bench_ipc.sh)")
+echo
+scripts/bench_neighbours.sh "$SHIM" || FAILED+=("neighbours (scripts/bench_neighbours.sh)")
 
 if [ "${#FAILED[@]}" != 0 ]; then
   echo

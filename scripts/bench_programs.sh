@@ -10,6 +10,9 @@
 #       caching-off        PYTORCH_NO_CUDA_MEMORY_CACHING=1
 #       caching-off+shim   the same, LD_PRELOAD=the shim
 #       cudaMallocAsync    PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+#   generate/*               scripts/bench_generate.py (GPT-2 generation, a KV cache grown
+#                            token by token): caching, caching-off, caching-off+shim,
+#                            cudaMallocAsync; the tokens must be the same in every run
 #   cupy/*                   scripts/bench_cupy.py: pool, nopool, nopool+shim
 #   ddp2/*  (2+ GPUs only)   torchrun 2 ranks of scripts/bench_ddp.py: caching,
 #                            caching-off, caching-off+shim, cudaMallocAsync
@@ -21,7 +24,7 @@
 # and DDP runs, BENCH_RESNET_STEPS (default BENCH_STEPS), BENCH_DDP_STEPS (200: each DDP
 # step draws its sequence length, 64 to 512, so 30 steps sample few lengths and the
 # pool's first growth weighs on their median: docs/BENCHMARKS.md, "DDP, two ranks"),
-# BENCH_CUPY_CHAINS (40), BENCH_TIMEOUT (90: seconds per scenario, then it is killed
+# BENCH_CUPY_CHAINS (40), BENCH_GEN_REQUESTS (12 generation requests after 2 of warm-up), BENCH_TIMEOUT (90: seconds per scenario, then it is killed
 # and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy'),
 # BENCH_SHIM_VARIANTS (';'-separated groups of SOMA_* settings: each runs every shim
 # scenario once more with them, named SCENARIO[SETTINGS], in the same rounds; e.g.
@@ -47,6 +50,7 @@ WARMUP=${BENCH_WARMUP:-5}
 RESNET_STEPS=${BENCH_RESNET_STEPS:-$STEPS}
 DDP_STEPS=${BENCH_DDP_STEPS:-200}
 CUPY_CHAINS=${BENCH_CUPY_CHAINS:-40}
+GEN_REQUESTS=${BENCH_GEN_REQUESTS:-12}
 T=${BENCH_TIMEOUT:-90}
 REPS=${BENCH_REPS:-3}
 ONLY=${BENCH_ONLY:-}
@@ -122,7 +126,7 @@ def median(values):
 
 def table(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
-    ms_of = lambda r: None if "error" in r else r.get("ms_per_step_median", r.get("ms_per_chain_median"))
+    ms_of = lambda r: None if "error" in r else r.get("ms_per_step_median", r.get("ms_per_chain_median", r.get("ms_per_token_median")))
     mem_of = lambda r: None if "error" in r else r.get("peak_device_used_mib")
     names, runs, base = [], {}, {}
     for r in rows:
@@ -152,24 +156,30 @@ def table(path):
             if last.get("shim_peak_reserved"):
                 pool += "/" + last["shim_peak_reserved"]
         checks = []
+        group_tokens = {x.get("tokens_sha") for n in names if n.split("/")[0] == name.split("/")[0]
+                        for x in runs[n] if "error" not in x}
         for r in these:
             if "error" in r:
                 errors.append(f"{name} (round {r.get('round')}): {r['error']}")
                 checks.append("ERROR")
+            elif r.get("bench") == "generate":
+                # The same tokens from every allocator, every round.
+                checks.append(r.get("tokens_sha", "")[:8] if len(group_tokens) == 1 else "FAIL tokens")
             elif r.get("bench") == "torch":
                 checks.append(fmt(r.get("final_loss"), ".5f"))
             elif r.get("check_ok") is True:
                 checks.append("ok" if r.get("bench") == "cupy" else f"ok {fmt(r.get('final_loss'), '.4f')}")
             else:
                 checks.append("FAIL")
-        check = next((c for c in checks if c in ("ERROR", "FAIL")), checks[-1])
+        check = next((c for c in checks if c in ("ERROR", "FAIL", "FAIL tokens")), checks[-1])
         host = median([r.get("host_ms_per_step_median") for r in these if "error" not in r])
         cells = (name, fmt(median(ms), ".2f"), spread, fmt(host, ".2f"), fmt(median(ratios(name, ms_of)), ".2f"),
                  fmt(median([mem_of(r) for r in these]), ".0f"), fmt(median(ratios(name, mem_of)), ".2f"),
                  fmt(median([r.get("peak_reserved_mib") for r in these]), ".0f"), pool, check)
         print("  ".join(c.ljust(x) if i == 0 else c.rjust(x) for i, (c, x) in enumerate(zip(cells, w))))
     print()
-    print("ms: median per training step (transformer, resnet, ddp2: rank 0) or per array chain (cupy),")
+    print("ms: median per training step (transformer, resnet, ddp2: rank 0), per generated token (generate)")
+    print("  or per array chain (cupy),")
     print("  after the warm-up, in each run; the table gives the median over the rounds and [min-max].")
     print("  host ms (torch; ddp2: rank 0): the part of a step until the program's thread had issued it, median; near")
     print("  ms, the step waits for the host (allocation calls count there), not for the GPU.")
@@ -180,7 +190,8 @@ def table(path):
     print("  torch res MiB: torch.cuda.max_memory_reserved() (none with caching off).")
     print("shim pool: allocations the shim's pool served / its peak reserved (SOMA_STATS, last round); 0: the shim")
     print("  pooled nothing; '-': no statistics (not a shim run, or a shim without SOMA_STATS).")
-    print("loss/check: final training loss (seeded: similar across allocators), 'ok' = CuPy results")
+    print("loss/check: final training loss (seeded: similar across allocators), the generated tokens' hash")
+    print("  (the same for every allocator, else 'FAIL tokens'), 'ok' = CuPy results")
     print("  right / DDP parameters identical on every rank.")
     if errors:
         print()
@@ -305,6 +316,14 @@ one_round() {
     scenario "$model/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${args[@]}" \
       --label "$model/cudaMallocAsync"
   done
+
+  GEN=("$PY" scripts/bench_generate.py --requests "$GEN_REQUESTS" --warmup 2)
+  scenario generate/caching -- "${GEN[@]}" --label generate/caching
+  scenario generate/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${GEN[@]}" --label generate/caching-off
+  shim_scenario generate/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${GEN[@]}" \
+    --label generate/caching-off+shim
+  scenario generate/cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${GEN[@]}" \
+    --label generate/cudaMallocAsync
 
   CUPY=("$PY" scripts/bench_cupy.py --chains "$CUPY_CHAINS" --warmup 5)
   scenario cupy/pool -- "${CUPY[@]}" --mode pool --label cupy/pool

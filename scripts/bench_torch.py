@@ -80,6 +80,24 @@ def loaded_cudart():
     return None
 
 
+def device_probes(torch, dev):
+    """sync(): waits for the device (nothing on a CPU); used(): device memory in
+    use, cudaMemGetInfo's total - free (None on a CPU)."""
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    def used():
+        if not cuda:
+            return None
+        free, total = torch.cuda.mem_get_info(dev)
+        return total - free
+
+    return sync, used
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=["transformer", "resnet"], required=True)
@@ -164,20 +182,12 @@ def run(args, result):
     if cuda and not torch.cuda.is_available():
         raise RuntimeError("torch.cuda.is_available() is False (no GPU, or a CPU-only torch)")
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(dev)
-
-    def used_bytes():
-        if not cuda:
-            return None
-        free, total = torch.cuda.mem_get_info(dev)
-        return total - free
-
     if cuda:
         torch.cuda.init()
         if dev.index is None:  # set_device and friends want an index
             dev = torch.device("cuda", torch.cuda.current_device())
+    sync, used_bytes = device_probes(torch, dev)
+    if cuda:
         torch.cuda.set_device(dev)
         torch.zeros(1, device=dev)  # create the context before the baseline
         sync()
@@ -267,6 +277,25 @@ def run(args, result):
         result["peak_device_used_mib"] = None
 
 
+def run_and_report(run, args, result):
+    """run(args, result), then `result` as one JSON line on stdout, with the
+    error if it failed (every failure reported so, never a silent death) and
+    the wall time; the exit status."""
+    t0 = time.perf_counter()
+    rc = 0
+    try:
+        run(args, result)
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        traceback.print_exc(file=sys.stderr)
+        result["error"] = f"{type(e).__name__}: {e}"[:500]
+        rc = 1
+    result["wall_s"] = round(time.perf_counter() - t0, 2)
+    print(json.dumps(result), flush=True)
+    return rc
+
+
 def main(argv=None):
     args = parse_args(argv)
     result = {
@@ -281,18 +310,7 @@ def main(argv=None):
         "device": args.device,
         "smoke": args.smoke,
     }
-    t0 = time.perf_counter()
-    rc = 0
-    try:
-        run(args, result)
-    except BaseException as e:  # report every failure as a JSON line, never die silently
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        traceback.print_exc(file=sys.stderr)
-        result["error"] = f"{type(e).__name__}: {e}"[:500]
-        rc = 1
-    result["wall_s"] = round(time.perf_counter() - t0, 2)
-    print(json.dumps(result), flush=True)
+    rc = run_and_report(run, args, result)
     if rc == 0:
         log(f"{args.model} [{result['allocator']}{', shim' if result['shim'] else ''}]: "
             f"{result['ms_per_step_median']} ms/step, final loss {result['final_loss']}")

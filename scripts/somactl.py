@@ -128,7 +128,9 @@ def ps(as_json):
 
 def trim(pid, as_json):
     paths = [path for p, path in processes() if p == pid]
-    reply = ask(paths[0], struct.pack("<I", GIVE_BACK).ljust(REQUEST_LEN, b"\0")) if paths else None
+    request = struct.pack("<I", GIVE_BACK).ljust(REQUEST_LEN, b"\0")
+    # A process that exec'd keeps its pid: an earlier program's socket may be there too.
+    reply = next((r for r in (ask(path, request) for path in paths) if r is not None), None)
     if reply is None or reply[0] != 0:
         why = "no shim process of this user" if not paths else "no answer"
         print(json.dumps({"pid": pid, "error": why}) if as_json else f"somactl: {pid}: {why}", file=None if as_json else sys.stderr)

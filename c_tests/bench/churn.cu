@@ -40,6 +40,11 @@
  *   streams4x4G  4 blocks of 4 GiB live at once, one per non-blocking stream,
  *              a kernel on each, then all freed (time of the whole round)
  *   stall      the host stall (above)
+ *   launch-legacy, launch-nb  a loop with no allocation: 40,000 empty-kernel
+ *              launches on the legacy stream (on a non-blocking stream), then
+ *              a synchronization; wall time per launch, median of 5 loops:
+ *              what the hooks that watch work cost a program that gains
+ *              nothing from the shim
  *   gpu-chain  GPU time (not host time) per iteration of a chain of ~10 us
  *              kernels with an alloc/free pair around each, the host far
  *              ahead; gpu-chain-kernels: the kernels alone (see below)
@@ -387,6 +392,21 @@ static void gpu_chain(const char *name, int allocate, long long base, double *t)
   report(name, t, LOOPS, (double)bytes, peak_used);
 }
 
+__global__ void empty_kernel(void) {}
+
+/* launch-legacy, launch-nb (see the top). */
+static void launches(const char *name, cudaStream_t s, long long base, double *t) {
+  enum { PER_LOOP = 40000, LOOPS = 5 };
+  for (int r = -1; r < LOOPS; r++) {
+    double t0 = now_us();
+    for (int i = 0; i < PER_LOOP; i++) empty_kernel<<<1, 1, 0, s>>>();
+    CK(cudaStreamSynchronize(s));
+    if (r >= 0) t[r] = (now_us() - t0) / PER_LOOP;
+  }
+  CK(cudaGetLastError());
+  report(name, t, LOOPS, 0, used_now() - base);
+}
+
 static int flag(const char *name) {
   const char *v = getenv(name);
   return v && *v && strcmp(v, "0") != 0;
@@ -403,7 +423,8 @@ static int part_number(const char *part, const char *prefix, int max) {
 }
 
 /* churn real|async [PART]: PART is size:<bytes>, nlp, threads[:<n>],
- * threads-legacy[:<n>], streams, stall, idle-nb:<n>, pitch or gpu-chain; without one, every
+ * threads-legacy[:<n>], streams, stall, idle-nb:<n>, pitch, launch-legacy, launch-nb or
+ * gpu-chain; without one, every
  * part in turn in this process (threads with CHURN_THREADS or 4, idle-nb with
  * 0, 1, 8, 64, 256; then the pool keeps what earlier parts cached, and the
  * memory figures of later parts include it). */
@@ -412,7 +433,8 @@ int main(int argc, char **argv) {
   const char *part = argc > 2 ? argv[2] : NULL;
   if (argc < 2 || argc > 3 || (!g_async && strcmp(argv[1], "real") != 0)) {
     fprintf(stderr,
-            "usage: %s real|async [size:<bytes>|nlp|threads[:<n>]|threads-legacy[:<n>]|streams|stall|idle-nb:<n>|pitch|gpu-chain]\n",
+            "usage: %s real|async [size:<bytes>|nlp|threads[:<n>]|threads-legacy[:<n>]|streams|stall|idle-nb:<n>|pitch|"
+            "launch-legacy|launch-nb|gpu-chain]\n",
             argv[0]);
     return 2;
   }
@@ -501,6 +523,17 @@ int main(int argc, char **argv) {
   }
   if (!part || strcmp(part, "pitch") == 0) {
     scenario_pitch(base, t);
+    ran++;
+  }
+  if (!part || strcmp(part, "launch-legacy") == 0) {
+    launches("launch-legacy", 0, base, t);
+    ran++;
+  }
+  if (!part || strcmp(part, "launch-nb") == 0) {
+    cudaStream_t nb;
+    CK(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
+    launches("launch-nb", nb, base, t);
+    CK(cudaStreamDestroy(nb));
     ran++;
   }
   if (!part || strcmp(part, "gpu-chain") == 0) {

@@ -20,17 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "../clock_ms.h"
 
 #define PIECES 64
 #define SHARE 0.6
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 static size_t share_of_device(void) {
   size_t free_now = 0, total = 0;

@@ -33,6 +33,7 @@
 #include "common.h"
 #include "../ipc_hex.h"
 #include "../child.h"
+#include "../clock_ms.h"
 #include "../shim_ipc_socket.h"
 
 #include <dirent.h>
@@ -52,12 +53,6 @@
 /* The most connections the server keeps waiting for their request
  * (MAX_PENDING in src/front/ipc_server.rs). */
 #define MAX_PENDING 16
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t); /* one clock for every process */
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 /* One line from `fd` (without its newline); 0 at EOF before any byte. */
 static int read_line(int fd, char *line, size_t size) {

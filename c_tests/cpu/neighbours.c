@@ -3,8 +3,9 @@
  * synchronizes and idles; a taker then asks for 700 MiB. NEIGHBOURS_CASE
  * picks one (the parent only starts processes; each child runs under the
  * shim or natively, as the case says):
- *   decay    holder under the shim with SOMA_DECAY_MS=300: a native taker is
- *            out of memory at once, and succeeds once the delay has passed;
+ *   decay    holder under the shim with SOMA_DECAY_MS=1000: a native taker is
+ *            out of memory at once, and succeeds once the delay has passed
+ *            since the holder's last free;
  *   never    holder with SOMA_DECAY_MS=0: a native taker stays out of memory;
  *   reclaim  holder with SOMA_DECAY_MS=0: a taker under the shim asks it and
  *            succeeds at once;
@@ -18,10 +19,10 @@
  * The figures are printed as "# " lines. */
 #include "common.h"
 #include "../child.h"
+#include "../clock_ms.h"
 
 #include <signal.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #define MiB (1ull << 20)
 #define HELD_MIB 768
@@ -31,12 +32,6 @@
 #define ASK_WAIT_MS 200.0
 #define SLACK_MS 800.0
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 /* A child's report: its failures on stderr, its stdout (the pipe to the
  * parent, which may have closed it) left alone. */
 static int quiet_report(void) {
@@ -45,8 +40,14 @@ static int quiet_report(void) {
   return report();
 }
 
-/* Allocates `arg` MiB in 64 MiB blocks, frees them, synchronizes, says so
- * (the device's use as the double sees it), and idles until stdin closes. */
+/* What a holder says once it has freed everything. */
+struct held {
+  uint64_t used;      /* the device's use as the double sees it */
+  double last_free_ms; /* when its last free returned (CLOCK_MONOTONIC, one clock for every process) */
+};
+
+/* Allocates `arg` MiB in 64 MiB blocks, frees them, synchronizes, says so,
+ * and idles until stdin closes. */
 static int holder(const char *arg) {
   unsigned long mib = strtoul(arg, NULL, 10);
   void *blocks[64] = {0};
@@ -54,9 +55,10 @@ static int holder(const char *arg) {
   CHECK_CUDA(cudaFree(NULL));
   for (unsigned long i = 0; i < n && i < 64; i++) CHECK_CUDA(cudaMalloc(&blocks[i], 64 * MiB));
   for (unsigned long i = 0; i < n && i < 64; i++) CHECK_CUDA(cudaFree(blocks[i]));
+  struct held h = {0, now_ms()};
   CHECK_CUDA(cudaDeviceSynchronize());
-  uint64_t used = fakecuda_device_used(0);
-  write_all(1, &used, sizeof used);
+  h.used = fakecuda_device_used(0);
+  write_all(1, &h, sizeof h);
   char byte;
   while (read(0, &byte, 1) > 0) {
   }
@@ -66,6 +68,7 @@ static int holder(const char *arg) {
 struct taken {
   int first_rc, rc;
   double first_ms, ms; /* the first attempt; from the start to success (-1: none) */
+  double got_at_ms;    /* when it succeeded (CLOCK_MONOTONIC) */
 };
 
 /* Asks for `arg` MiB once; with "poll" in TAKER_POLL_MS, again every 5 ms
@@ -74,7 +77,7 @@ static int taker(const char *arg) {
   size_t bytes = strtoul(arg, NULL, 10) * MiB;
   double poll_ms = atof(getenv("TAKER_POLL_MS") ? getenv("TAKER_POLL_MS") : "0");
   CHECK_CUDA(cudaFree(NULL));
-  struct taken t = {0, 0, 0, -1};
+  struct taken t = {0, 0, 0, -1, 0};
   void *p = NULL;
   double start = now_ms();
   t.first_rc = t.rc = cudaMalloc(&p, bytes);
@@ -85,7 +88,8 @@ static int taker(const char *arg) {
     t.rc = cudaMalloc(&p, bytes);
   }
   if (t.rc == cudaSuccess) {
-    t.ms = now_ms() - start;
+    t.got_at_ms = now_ms();
+    t.ms = t.got_at_ms - start;
     CHECK_CUDA(cudaFree(p));
   }
   cudaGetLastError();
@@ -123,12 +127,14 @@ static struct child start(const char *role, const char *arg, int shim, const cha
   return c;
 }
 
-/* A holder of HELD_MIB under the shim, freed and idle once this returns. */
-static struct child start_holder(const char *const *settings) {
+/* A holder of HELD_MIB under the shim, freed and idle once this returns;
+ * `last_free_ms`, if given, gets when its last free returned. */
+static struct child start_holder(const char *const *settings, double *last_free_ms) {
   struct child c = start("holder", "768", 1, settings);
-  uint64_t used = 0;
-  read_all(c.from, &used, sizeof used);
-  printf("# holder %d: the device's use after its frees: %llu MiB\n", (int)c.pid, (unsigned long long)(used / MiB));
+  struct held h = {0, 0};
+  read_all(c.from, &h, sizeof h);
+  printf("# holder %d: the device's use after its frees: %llu MiB\n", (int)c.pid, (unsigned long long)(h.used / MiB));
+  if (last_free_ms) *last_free_ms = h.last_free_ms;
   return c;
 }
 
@@ -137,7 +143,7 @@ static struct taken take(int shim, double poll_ms) {
   snprintf(poll, sizeof poll, "TAKER_POLL_MS=%.0f", poll_ms);
   const char *settings[] = {poll, NULL};
   struct child c = start("taker", "700", shim, settings);
-  struct taken t = {-1, -1, 0, -1};
+  struct taken t = {-1, -1, 0, -1, 0};
   read_all(c.from, &t, sizeof t);
   CHECK_EQ(finish_child(c), 0);
   printf("# taker (%s): first rc %d in %.1f ms, rc %d, succeeded after %.1f ms\n", shim ? "shim" : "native", t.first_rc,
@@ -149,23 +155,26 @@ static const char *const NO_DECAY_ALONE[] = {"SOMA_DECAY_MS=0", "SOMA_NEIGHBOURS
 static const char *const NO_DECAY[] = {"SOMA_DECAY_MS=0", NULL};
 
 static void decay(void) {
-  const char *settings[] = {"SOMA_DECAY_MS=300", "SOMA_NEIGHBOURS=0", NULL};
-  struct child h = start_holder(settings);
-  struct taken t = take(0, 4000);
+  const char *settings[] = {"SOMA_DECAY_MS=1000", "SOMA_NEIGHBOURS=0", NULL};
+  double last_free = 0;
+  struct child h = start_holder(settings, &last_free);
+  struct taken t = take(0, 6000);
+  printf("# the taker got it %.1f ms after the holder's last free\n", t.got_at_ms - last_free);
   printf("a native neighbour: out of memory at once: %s\n", t.first_rc != cudaSuccess ? "yes" : "no");
-  printf("it succeeds once the delay has passed: %s\n", t.rc == cudaSuccess && t.ms >= 250 ? "yes" : "no");
+  printf("it succeeds once the delay has passed: %s\n",
+         t.rc == cudaSuccess && t.got_at_ms - last_free >= 1000 ? "yes" : "no");
   CHECK_EQ(finish_child(h), 0);
 }
 
 static void never(void) {
-  struct child h = start_holder(NO_DECAY_ALONE);
+  struct child h = start_holder(NO_DECAY_ALONE, NULL);
   struct taken t = take(0, 1000);
   printf("with SOMA_DECAY_MS=0 the pool keeps it: %s\n", t.rc != cudaSuccess ? "yes" : "no");
   CHECK_EQ(finish_child(h), 0);
 }
 
 static void reclaim(void) {
-  struct child h = start_holder(NO_DECAY);
+  struct child h = start_holder(NO_DECAY, NULL);
   struct taken t = take(1, 0);
   printf("a neighbour under the shim gets it at once: %s\n",
          t.first_rc == cudaSuccess && t.first_ms < ASK_WAIT_MS + SLACK_MS ? "yes" : "no");
@@ -187,14 +196,14 @@ static int has_socket(pid_t pid) {
 static void dead_and_stalled(void) {
   const char *small[] = {"SOMA_DECAY_MS=0", NULL};
   struct child dead = start("holder", "64", 1, small), stopped = start("holder", "64", 1, small);
-  uint64_t used;
-  read_all(dead.from, &used, sizeof used);
-  read_all(stopped.from, &used, sizeof used);
+  struct held held;
+  read_all(dead.from, &held, sizeof held);
+  read_all(stopped.from, &held, sizeof held);
   CHECK(has_socket(dead.pid));
   kill(dead.pid, SIGKILL);
   kill(stopped.pid, SIGSTOP);
   usleep(50000); /* dead, not reaped */
-  struct child h = start_holder(NO_DECAY);
+  struct child h = start_holder(NO_DECAY, NULL);
   struct taken t = take(1, 0);
   printf("beside a dead and a stopped neighbour, the taker succeeds within the bound: %s\n",
          t.first_rc == cudaSuccess && t.first_ms < ASK_WAIT_MS + SLACK_MS ? "yes" : "no");
@@ -206,7 +215,7 @@ static void dead_and_stalled(void) {
 }
 
 static void stalled(void) {
-  struct child h = start_holder(NO_DECAY);
+  struct child h = start_holder(NO_DECAY, NULL);
   kill(h.pid, SIGSTOP);
   struct taken t = take(1, 0);
   printf("a stopped holder: out of memory after the bound, not later: %s\n",
@@ -233,7 +242,7 @@ static long long ps_figure(pid_t pid, const char *name) {
 }
 
 static void ps(void) {
-  struct child h = start_holder(NO_DECAY);
+  struct child h = start_holder(NO_DECAY, NULL);
   long long reserved = ps_figure(h.pid, "reserved"), in_use = ps_figure(h.pid, "in_use");
   printf("# --ps: reserved %lld, in use %lld\n", reserved, in_use);
   printf("somarun --ps lists the holder, with what it caches: %s\n", reserved >= (long long)(HELD_MIB * MiB) && in_use == 0 ? "yes" : "no");

@@ -876,14 +876,22 @@ CUresult cuDeviceGetCount(int *count) {
   return CUDA_SUCCESS;
 }
 
-/* The same UUID for a device in every process (the shim names devices to
- * other processes by it): "fakecuda" and the ordinal. */
+/* A device's UUID (the shim names devices to other processes by it): the
+ * same in the processes that share one device (FAKECUDA_SHARED_MEMORY's
+ * file, hashed), else this process's own, so that unrelated processes of
+ * the double (other tests running at once) never share a device. */
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
   NEED_INIT();
   if (!uuid) return CUDA_ERROR_INVALID_VALUE;
   if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
-  memset(uuid->bytes, 0, sizeof uuid->bytes);
+  const char *shared = getenv("FAKECUDA_SHARED_MEMORY");
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  if (shared && *shared)
+    for (const char *c = shared; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  else
+    h ^= (uint64_t)getpid() << 16;
   memcpy(uuid->bytes, "fakecuda", 8);
+  memcpy(uuid->bytes + 8, &h, 7);
   uuid->bytes[15] = (char)dev;
   return CUDA_SUCCESS;
 }

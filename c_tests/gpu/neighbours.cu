@@ -5,23 +5,17 @@
  *      until it gets it (10 s at most): natively at once; under the shim once
  *      the decay's delay has passed (SOMA_DECAY_MS, 1 s);
  *   2. the holder fills and frees again, and a process run as this one is
- *      (under the shim in the shim run) asks once: it gets it at once (under
- *      the shim, the holder gives back what its pool holds when asked).
+ *      (under the shim in the shim run) asks once, before the decay's delay
+ *      has passed: it gets it at once (under the shim, the holder gives back
+ *      what its pool holds when asked).
  * Each taker touches what it got with a kernel. Printed: whether each got
  * it; "# " lines: how long it took. */
 #include "gpu_common.h"
 #include "../child.h"
-
-#include <time.h>
+#include "../clock_ms.h"
 
 #define PIECES 64
 #define SHARE 0.6
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 static size_t share_of_device(void) {
   size_t free_now = 0, total = 0;

@@ -58,7 +58,11 @@ impl Window {
     /// check (u64::MAX where unknown: nothing of that pool goes while the
     /// program runs).
     pub fn check(&mut self, now: Instant, activity: u64, highs: [u64; 2]) -> Release {
-        self.next_check = now + self.delay / CHECKS as u32;
+        // On the schedule, not from this check (which the reclaimer's naps
+        // may delay), unless it fell a whole period behind.
+        let period = self.delay / CHECKS as u32;
+        let next = self.next_check + period;
+        self.next_check = if next > now { next } else { now + period };
         if activity != self.activity {
             self.activity = activity;
             self.idle_since = None;

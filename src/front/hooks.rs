@@ -286,7 +286,7 @@ fn pool_alloc(
         }
     };
     let ptr = match allocator.alloc(driver, context, size, caller, Memory::Device) {
-        Err(Unserved::PassThrough(Passthrough::PoolOutOfMemory)) if neighbours_gave_back(allocator, driver) => {
+        Err(Unserved::PassThrough(Passthrough::PoolOutOfMemory)) if neighbours_gave_back(allocator, driver, size) => {
             allocator.alloc(driver, context, size, caller, Memory::Device)
         }
         served => served,
@@ -294,20 +294,26 @@ fn pool_alloc(
     Ok((ptr, pitch))
 }
 
-/// Out of memory on the current device: whether the other shim processes of
-/// this user, asked (`SOMA_NEIGHBOURS`), gave back any of it.
-fn neighbours_gave_back(allocator: &Allocator, driver: &Driver) -> bool {
-    let Some((ordinal, uuid)) = driver.current_device().ok().and_then(|ordinal| Some((ordinal, allocator.device_uuid(ordinal)?))) else {
-        return false;
-    };
+/// `size` bytes found the current device out of memory: whether the other
+/// shim processes of this user, asked (`SOMA_NEIGHBOURS`), gave back any.
+/// A request larger than the device (a program probing for its limit) asks no one.
+fn neighbours_gave_back(allocator: &Allocator, driver: &Driver, size: u64) -> bool {
     if !allocator.config.neighbours {
         return false;
     }
-    let answers = neighbours::ask_to_give_back(uuid);
-    log::debug!("device {ordinal}: out of memory; neighbours asked: {answers:?}");
-    let counters = allocator.stats.device(ordinal);
-    counters.neighbours_asked.fetch_add(1, Relaxed);
-    counters.neighbours_gave.fetch_add(answers.given, Relaxed);
+    let Some((ordinal, uuid)) = driver.current_device().ok().and_then(|ordinal| Some((ordinal, allocator.device_uuid(ordinal)?))) else {
+        return false;
+    };
+    if driver.total_memory(ordinal).is_ok_and(|total| size > total) {
+        return false;
+    }
+    let answers = neighbours::ask_to_give_back(uuid, size);
+    log::debug!("device {ordinal}: out of memory for {size} bytes; neighbours: {answers:?}");
+    if answers.asked > 0 {
+        let counters = allocator.stats.device(ordinal);
+        counters.neighbours_asked.fetch_add(1, Relaxed);
+        counters.neighbours_gave.fetch_add(answers.given, Relaxed);
+    }
     answers.given > 0
 }
 

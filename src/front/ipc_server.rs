@@ -133,7 +133,10 @@ pub(super) fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
             Some(endpoint)
         }
         Err(e) => {
-            log::warn!("CUDA IPC: cannot start the shim's IPC server ({e}): handles of pool memory pass through");
+            log::warn!(
+                "cannot start the shim's server ({e}): CUDA IPC handles of pool memory pass through, and other shim \
+                 processes cannot ask this one for memory"
+            );
             FAILED_PID.store(pid, Ordering::Relaxed);
             None
         }
@@ -148,7 +151,15 @@ fn start_server(allocator: &'static Allocator, pid: u32) -> Result<Server, Strin
     let random = random_secret().ok_or("no random bytes from the kernel")?;
     let endpoint = u64::from_le_bytes(random[..8].try_into().unwrap_or_default());
     let path = socket_path(&dir, pid, endpoint);
-    let listener = UnixListener::bind(&path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    // Bound and listening under a name no one looks for, then renamed into
+    // place: a neighbour that connects between the bind and the listen would
+    // be refused, take the socket for a dead process's and remove it.
+    let binding = dir.join(format!(".{pid}-{endpoint:016x}"));
+    let listener = UnixListener::bind(&binding).map_err(|e| format!("cannot listen on {}: {e}", binding.display()))?;
+    if let Err(e) = std::fs::rename(&binding, &path) {
+        let _ = std::fs::remove_file(&binding);
+        return Err(format!("cannot name the socket {}: {e}", path.display()));
+    }
     match spawn_server(allocator, listener, pid, endpoint) {
         Ok((wake, thread)) => {
             log::debug!("CUDA IPC: serving on {}", path.display());

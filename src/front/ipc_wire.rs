@@ -186,6 +186,19 @@ fn set_timeout(fd: RawFd, option: libc::c_int, deadline: Instant) -> std::io::Re
 /// listener whose backlog is full (its process stopped, say) is waited
 /// for no longer. Close-on-exec from the start.
 pub(super) fn connect(path: &Path, deadline: Instant) -> std::io::Result<UnixStream> {
+    // A unix socket's connect waits for room in the backlog as a send waits (`SO_SNDTIMEO`).
+    connect_with(path, 0, |fd| set_timeout(fd, libc::SO_SNDTIMEO, deadline))
+}
+
+/// A non-blocking connection to the socket at `path`, made at once: a
+/// listener whose backlog is full refuses with `WouldBlock`.
+pub(super) fn connect_at_once(path: &Path) -> std::io::Result<UnixStream> {
+    connect_with(path, libc::SOCK_NONBLOCK, |_| Ok(()))
+}
+
+/// A close-on-exec unix socket of `flags`, connected to `path`, with
+/// `before` run on it before each try.
+fn connect_with(path: &Path, flags: libc::c_int, before: impl Fn(RawFd) -> std::io::Result<()>) -> std::io::Result<UnixStream> {
     // SAFETY: sockaddr_un is plain data, for which zeros are valid.
     let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     address.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -197,15 +210,14 @@ pub(super) fn connect(path: &Path, deadline: Instant) -> std::io::Result<UnixStr
         *to = from as libc::c_char;
     }
     // SAFETY: socket takes no pointer.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | flags, 0) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `fd` is a new descriptor that nothing else owns.
     let socket = unsafe { OwnedFd::from_raw_fd(fd) };
     loop {
-        // A unix socket's connect waits for room in the backlog as a send waits (`SO_SNDTIMEO`).
-        set_timeout(socket.as_raw_fd(), libc::SO_SNDTIMEO, deadline)?;
+        before(socket.as_raw_fd())?;
         // SAFETY: `address` is a sockaddr_un of the length given.
         let rc = unsafe {
             libc::connect(socket.as_raw_fd(), (&address as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t)

@@ -4,18 +4,21 @@
 //! server (`ipc_server.rs`), started with its first pool, answers; the
 //! sockets in the user's directory are the list of processes.
 //!
-//! Every peer is asked at once and waited for `ASK_WAIT` at most, so a
-//! stalled or stopped peer costs that much; a dead one's socket refuses at
-//! once (no process listens there: the file is removed).
+//! Every peer is asked at once, and the answers are waited for until they
+//! gave what the allocation needs, `ASK_WAIT` at most: a stalled or stopped
+//! peer costs at most that, and one whose queue of connections is full is
+//! not asked; a dead one's socket refuses at once (no process listens
+//! there: the file is removed).
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::ipc_server::socket_dir;
-use super::ipc_wire::{connect, encode_give_back, send_all, Reply, REPLY_LEN};
+use super::ipc_wire::{connect_at_once, encode_give_back, send_all, Reply, REPLY_LEN};
 
 /// The longest an allocation waits for its neighbours' answers.
 pub const ASK_WAIT: Duration = Duration::from_millis(200);
@@ -30,28 +33,31 @@ pub struct Answers {
 }
 
 /// Asks every other shim process of this user to give back what the pools
-/// of the device `uuid` hold unused, and waits for their answers
-/// (`ASK_WAIT` at most).
-pub fn ask_to_give_back(uuid: [u8; 16]) -> Answers {
+/// of the device `uuid` hold unused, and waits for their answers until they
+/// gave `wanted` bytes or all answered (`ASK_WAIT` at most).
+pub fn ask_to_give_back(uuid: [u8; 16], wanted: u64) -> Answers {
     let deadline = Instant::now() + ASK_WAIT;
     let request = encode_give_back(Some(uuid));
     let mut waiting: Vec<(UnixStream, [u8; REPLY_LEN], usize)> = Vec::new();
     for (pid, path) in peers() {
-        match connect(&path, deadline) {
+        // At once: a peer whose backlog is full (stopped, with asks queued) is skipped.
+        match connect_at_once(&path) {
+            // A request fits an empty socket buffer: the send does not wait.
             Ok(connection) => {
-                // A request fits an empty socket buffer: the send does not wait.
-                if send_all(&connection, &request).is_ok() && connection.set_nonblocking(true).is_ok() {
+                if send_all(&connection, &request).is_ok() {
                     waiting.push((connection, [0; REPLY_LEN], 0));
                 }
             }
-            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+            // No process listens there: its process is gone (a live one's socket
+            // is listening before it gets its name).
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) && is_socket(&path) => {
                 let _ = std::fs::remove_file(&path);
             }
             Err(e) => log::debug!("neighbour {pid}: {e}"),
         }
     }
     let mut answers = Answers { asked: waiting.len(), ..Answers::default() };
-    while !waiting.is_empty() {
+    while !waiting.is_empty() && answers.given < wanted {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
@@ -90,6 +96,10 @@ pub fn ask_to_give_back(uuid: [u8; 16]) -> Answers {
         waiting = still;
     }
     answers
+}
+
+fn is_socket(path: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket())
 }
 
 /// The other processes' sockets in this user's directory, by pid.

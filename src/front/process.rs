@@ -77,8 +77,7 @@ pub fn arm_process_handlers() {
         libc::atexit(at_exit);
         libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child));
     });
-    if !JOINED.load(Relaxed) {
-        JOINED.store(true, Relaxed);
+    if !JOINED.load(Relaxed) && !JOINED.swap(true, Relaxed) {
         join_neighbours();
     }
 }

@@ -84,7 +84,9 @@ impl Allocator {
     pub fn usage(&self, driver: &impl Gpu, index: usize) -> Option<PoolUsage> {
         let device = self.every_pool().nth(index)?;
         let counters = self.stats.counters(device.ordinal, device.host);
-        let reserved = driver.with_context(device.context, || device.reserved(driver)).unwrap_or(0);
+        // A pool of a device reset by a path the shim does not see is gone.
+        let live = self.is_current_incarnation(driver, device.ordinal, None);
+        let reserved = if live { device.reserved(driver) } else { 0 };
         let figures = [
             counters.in_use.load(Relaxed),
             device.cached_bytes(),

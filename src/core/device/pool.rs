@@ -71,6 +71,8 @@ pub struct Device {
     pub(super) pending: PendingFrees,
     /// The decay's checks (`SOMA_DECAY_MS`; None: never).
     pub(super) decay: Mutex<Option<Window>>,
+    /// Held while the pools are trimmed (`release.rs`).
+    pub(super) trimming: Mutex<()>,
     /// Each pool's used high-water mark before the decay last started it
     /// again: the peak the statistics report.
     pub(super) used_high_before: [AtomicU64; 2],
@@ -155,6 +157,7 @@ impl Device {
                 if host { Observer::Host } else { Observer::Device },
             ),
             decay: Mutex::new(config.decay.map(|delay| Window::new(delay, Instant::now()))),
+            trimming: Mutex::new(()),
             used_high_before: Default::default(),
         })
     }

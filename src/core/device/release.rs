@@ -2,7 +2,7 @@
 //! the decay's checks (`core/decay.rs` decides how much), and all they hold
 //! unused when asked (another process out of memory, `somarun --trim`).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::pool::Device;
 use crate::core::decay::Release;
@@ -10,6 +10,10 @@ use crate::core::locks::lock;
 use crate::core::pending::Keep;
 use crate::core::ptrmap::PointerMap;
 use crate::cuda::gpu::{Gpu, PoolCounter, Stream};
+
+/// How long a give-back waits, at most, for the frees of the blocks it
+/// returned from the cache to pass on an idle stream.
+const RETURNS_SETTLE: Duration = Duration::from_millis(5);
 
 impl Device {
     /// Whether a check of the decay is due.
@@ -30,7 +34,7 @@ impl Device {
         let highs = self.used_highs_since_last_check(driver);
         match window.check(now, activity, highs) {
             Release::All => self.give_back(driver, map),
-            Release::Beyond(keep) => self.trim_beyond(driver, keep),
+            Release::Beyond(keep) => self.trim_beyond(driver, keep, false),
         }
     }
 
@@ -39,19 +43,49 @@ impl Device {
     /// GPU has not passed yet stay). The device's context must be current,
     /// no capture in progress. Returns the bytes given back.
     pub fn give_back(&self, driver: &impl Gpu, map: &PointerMap) -> u64 {
+        // The streams cached blocks went back on: the pool's, the legacy one.
+        let mut returned = [false; 2];
         // Another thread returning frees meanwhile (an allocation that
         // waits): the cache goes at the next check.
-        if let Some(_returning) = self.pending.try_reclaiming() {
-            self.pending.release_cached(Keep::None, map, |ptr, in_legacy_order| self.return_to_pool(driver, ptr, in_legacy_order));
+        if let Some(mut returning) = self.pending.try_reclaiming() {
+            // Batches the GPU has passed join the cache first, and go with it.
+            self.pending.collect_passed(&mut returning, driver);
+            self.pending.release_cached(Keep::None, map, |ptr, in_legacy_order| {
+                returned[in_legacy_order as usize] = true;
+                self.return_to_pool(driver, ptr, in_legacy_order)
+            });
         }
-        self.trim_beyond(driver, [0, 0])
+        // Their frees pass at once where the stream is idle: waited for a
+        // little, so that this trim returns them too (a legacy stream busy
+        // with the program's work is not waited for).
+        for (stream, used) in [(self.pool_stream, returned[0]), (Stream::LEGACY, returned[1])] {
+            let until = Instant::now() + RETURNS_SETTLE;
+            while used && !driver.is_idle(stream) && Instant::now() < until {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        self.trim_beyond(driver, [0, 0], returned != [false, false])
     }
 
     /// Each pool returns what it reserves beyond `keep` (its bytes, main pool
-    /// first). Returns the bytes given back.
-    fn trim_beyond(&self, driver: &impl Gpu, keep: [u64; 2]) -> u64 {
-        let reserved = |pool| driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0);
-        let over: Vec<_> = self.pools().zip(keep).filter(|&(pool, keep)| reserved(pool) > keep).collect();
+    /// first) and beyond what it uses (unless blocks just went back to it,
+    /// `returned`, which it may count as used until their frees pass).
+    /// Returns the bytes given back. One thread at a time (the reclaimer's
+    /// decay, the server's give-back), so that each byte given back is
+    /// counted once.
+    fn trim_beyond(&self, driver: &impl Gpu, keep: [u64; 2], returned: bool) -> u64 {
+        let _trimming = lock(&self.trimming);
+        let bytes = |pool, counter| driver.pool_bytes(pool, counter).unwrap_or(0);
+        let reserved = |pool| bytes(pool, PoolCounter::ReservedNow);
+        // Nothing unused (an idle program that holds its memory): no call more.
+        let over: Vec<_> = self
+            .pools()
+            .zip(keep)
+            .filter(|&(pool, keep)| {
+                let now = reserved(pool);
+                now > keep && (returned || now > bytes(pool, PoolCounter::UsedNow))
+            })
+            .collect();
         if over.is_empty() {
             return 0;
         }
@@ -83,7 +117,9 @@ impl Device {
         }
         for ((pool, high), before) in self.pools().zip(&mut highs).zip(&self.used_high_before) {
             let Ok(since) = driver.pool_bytes(pool, PoolCounter::UsedHigh) else { continue };
-            // Kept for the statistics' peak, which the reset would lose.
+            // Kept for the statistics' peak, which the reset would lose (a
+            // peak between the read and the reset is lost from it, though
+            // the next check sees the use it left).
             before.fetch_max(since, std::sync::atomic::Ordering::Relaxed);
             if driver.reset_used_high(pool).is_ok() {
                 *high = since;
