@@ -782,7 +782,8 @@ if wanted "replay of orderings" && command -v python3 >/dev/null; then
 fi
 
 # `make install`: the library goes without its debug info and still serves a
-# program; the build keeps its debug info for developers.
+# program; the build keeps its debug info for developers; the installed
+# somarun --ps finds somactl.
 if wanted "make install"; then
   inst=$B/install
   rm -rf "$inst"
@@ -793,6 +794,8 @@ if wanted "make install"; then
   else
     echo "# readelf not installed: the installed library's debug info not checked"
   fi
+  [ -x "$inst/bin/somactl" ] && "$inst/bin/somarun" --ps --json >/dev/null 2>&1 ||
+    problems+=("the installed somarun --ps does not find somactl next to it")
   checked "make install: the library without debug info ($(($(stat -c %s "$inst/lib/libsomashim.so" 2>/dev/null || echo 0) >> 10)) KiB; $(($(stat -c %s "$SHIM") >> 10)) KiB built)" "${problems[@]}"
   SHIM=$inst/lib/libsomashim.so compare "make install: the installed library serves a program" routing
 fi

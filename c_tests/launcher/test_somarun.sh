@@ -36,7 +36,7 @@ fail() {
 
 VARS=(LD_PRELOAD SOMA_STATS SOMA_TRACE SOMA_RELEASE_THRESHOLD SOMA_POOL SOMA_MIN_BYTES
   SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_LEGACY_CACHE SOMA_TRACK_WORK SOMA_SMALL_BLOCKS SOMA_MEMORY_LIMIT
-  SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE)
+  SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE SOMA_DECAY_MS SOMA_NEIGHBOURS)
 
 # --- fixtures ---------------------------------------------------------------
 echo 'int somashim_fake(void) { return 0; }' >"$TMP/empty.c"
@@ -67,7 +67,7 @@ cat >"$PROBE" <<'EOF'
 #!/usr/bin/env bash
 for v in LD_PRELOAD SOMA_STATS SOMA_TRACE SOMA_RELEASE_THRESHOLD SOMA_POOL SOMA_MIN_BYTES \
   SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_LEGACY_CACHE SOMA_TRACK_WORK SOMA_SMALL_BLOCKS SOMA_MEMORY_LIMIT \
-  SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE; do
+  SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE SOMA_DECAY_MS SOMA_NEIGHBOURS; do
   if [ -n "${!v+x}" ]; then printf '%s=%s\n' "$v" "${!v}"; else printf '%s<unset>\n' "$v"; fi
 done
 printf 'ARGC=%d\n' "$#"
@@ -171,6 +171,8 @@ OPTS=(
   "--meminfo|SOMA_MEMINFO|pool"
   "--passthrough-callers|SOMA_PASSTHROUGH_CALLERS|libnccl,libfoo"
   "--log|SOMA_LOG|somashim=debug"
+  "--decay-ms|SOMA_DECAY_MS|2000"
+  "--neighbours|SOMA_NEIGHBOURS|0"
 )
 for row in "${OPTS[@]}"; do
   IFS='|' read -r opt var val <<<"$row"
@@ -420,6 +422,19 @@ run "$SOMARUN" --lib "$LIB_A" -- ""
 expect_error "empty PROGRAM" "*PROGRAM*empty*--help*"
 run "$SOMARUN" --lib "$LIB_A" "$PROBE"
 expect_error "PROGRAM without --" "*expected '--' before PROGRAM*--help*"
+run "$SOMARUN" --trim
+expect_error "--trim without a PID" "*--trim*needs a PID*--help*"
+run "$SOMARUN" --trim 12x
+expect_error "--trim with a PID that is not a number" "*--trim*needs a PID*12x*--help*"
+run "$SOMARUN" --ps --all
+expect_error "--ps with another word" "*--ps takes only --json*--help*"
+run "$SOMARUN" --trim 1 extra
+expect_error "--trim PID with another word" "*--trim PID takes only --json*--help*"
+# No shim process has this pid (PID 1 is init): --trim says so, exit status 1.
+run env TMPDIR="$TMP" "$SOMARUN" --trim 1
+if [ "$RC" = 1 ] && grep -q "1: no shim process of this user" "$TMP/err"; then pass "--trim of a process not under the shim"; else fail "--trim of a process not under the shim" "status $RC: $(short "$TMP/err")"; fi
+run "$SOMARUN" --ps --json
+if [ "$RC" = 0 ] && ! grep -v '^{' "$TMP/out" | grep -q .; then pass "--ps --json: JSON lines only"; else fail "--ps --json: JSON lines only" "status $RC: $(short "$TMP/out")"; fi
 run "$SOMARUN" --lib "$LIB_A" --threshold
 expect_error "missing value at the end" "*--threshold*needs a value*--help*"
 run "$SOMARUN" --lib "$LIB_A" --threshold -- "$PROBE"

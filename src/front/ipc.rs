@@ -199,7 +199,13 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     let Ok((reply, pool_fd)) = link.exchange(Op::Open, handle, deadline) else {
         imports.retire(id);
         imports.drop_if_unused(id);
-        return Err(unanswered());
+        let refused = unanswered();
+        if matches!(refused, Refused::ExporterGone) {
+            // Killed as it was asked: a zombie's last threads may still have
+            // held the listener at the connect. The file is a dead exporter's.
+            remove_stale_socket(handle);
+        }
+        return Err(refused);
     };
     if reply.status != 0 {
         imports.drop_if_unused(id);
