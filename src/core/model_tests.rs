@@ -1223,10 +1223,10 @@ fn work_the_hooks_do_not_see_is_caught() {
     assert!(caught.iter().all(|&c| c > 0), "missed work caught in {caught:?} of 16 seeds");
 }
 
-/// What the device's pool reserves, and what the program holds, as
-/// `somarun --ps` shows them.
-fn reserved_and_in_use(shim: &Allocator, gpu: &SimGpu) -> (u64, u64) {
-    let usage = shim.usage(gpu, 0).expect("the device's pool");
+/// What pool `index` (0: the device's, 1: its pinned host memory's)
+/// reserves, and what the program holds there, as `somarun --ps` shows them.
+fn reserved_and_in_use(shim: &Allocator, gpu: &SimGpu, index: usize) -> (u64, u64) {
+    let usage = shim.usage(gpu, index).expect("the pool");
     (usage.figures[3], usage.figures[0])
 }
 
@@ -1234,44 +1234,48 @@ fn reserved_and_in_use(shim: &Allocator, gpu: &SimGpu) -> (u64, u64) {
 /// decay's delay has passed with no allocation or free, by the reclaimer
 /// thread alone; what the program holds stays. With the decay off
 /// (`SOMA_DECAY_MS=0`) the pool keeps it, until another process asks for
-/// it (`give_back`).
+/// it (`give_back`). The device's pool and the pinned host memory pool alike.
 #[test]
 fn unused_pool_memory_decays_or_is_given_back_when_asked() {
-    for decay in ["30", "0"] {
+    for (memory, decay) in [Memory::Device, Memory::Host { flags: 0 }].into_iter().flat_map(|m| [(m, "30"), (m, "0")]) {
         let gpu: &'static SimGpu = Box::leak(Box::new(SimGpu::new(13, CAPACITY)));
         let shim: &'static Allocator = Box::leak(Box::new(allocator(&[("SOMA_DECAY_MS", decay), ("SOMA_SMALL_BLOCKS", "0")])));
-        let held = Shim::malloc(shim, gpu, 4 * MIB).expect("pooled");
-        let freed: Vec<u64> = (0..8).map(|_| Shim::malloc(shim, gpu, 4 * MIB).expect("pooled")).collect();
+        let kind = if memory.is_host() { MemoryKind::Host } else { MemoryKind::Device };
+        let index = memory.is_host() as usize;
+        let alloc = || shim.alloc(gpu, gpu.context(), 4 * MIB, 0, memory).expect("pooled");
+        let held = alloc();
+        let freed: Vec<u64> = (0..8).map(|_| alloc()).collect();
         for &ptr in &freed {
             shim.launch(gpu, Stream::LEGACY, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
-            Shim::free(shim, gpu, ptr);
+            assert!(matches!(shim.free(gpu, ptr, kind), Freed::Issued { .. }));
         }
         gpu.drain();
         // The GPU runs what the shim issues meanwhile (returns to the pool).
         let background = GpuRunning::start(gpu);
         assert!(shim.start_reclaimer(gpu));
         let started = std::time::Instant::now();
-        let mut now = reserved_and_in_use(shim, gpu);
+        let mut now = reserved_and_in_use(shim, gpu, index);
         // Off: six of its checks' worth of waiting shows it keeps the memory.
         let wait = std::time::Duration::from_millis(if decay == "0" { 200 } else { 2000 });
         while now.0 > now.1 && started.elapsed() < wait {
             std::thread::sleep(std::time::Duration::from_millis(5));
-            now = reserved_and_in_use(shim, gpu);
+            now = reserved_and_in_use(shim, gpu, index);
         }
         let after = started.elapsed();
+        let what = format!("{memory:?}, SOMA_DECAY_MS={decay}");
         if decay == "0" {
-            assert_eq!(now, (36 * MIB, 4 * MIB), "the pool kept what was freed");
-            assert_eq!(shim.give_back(gpu, None), 32 * MIB);
-            now = reserved_and_in_use(shim, gpu);
+            assert_eq!(now, (36 * MIB, 4 * MIB), "{what}: the pool kept what was freed");
+            assert_eq!(shim.give_back(gpu, None), 32 * MIB, "{what}");
+            now = reserved_and_in_use(shim, gpu, index);
         } else {
-            assert!(after >= std::time::Duration::from_millis(30), "gone after {after:?}, before the delay");
+            assert!(after >= std::time::Duration::from_millis(30), "{what}: gone after {after:?}, before the delay");
         }
-        assert_eq!(now, (4 * MIB, 4 * MIB), "SOMA_DECAY_MS={decay}: what the program holds stays, the rest goes");
-        assert_eq!(shim.stats.device(0).given_back.load(Ordering::Relaxed), 32 * MIB);
+        assert_eq!(now, (4 * MIB, 4 * MIB), "{what}: what the program holds stays, the rest goes");
+        assert_eq!(shim.stats.counters(0, memory.is_host()).given_back.load(Ordering::Relaxed), 32 * MIB, "{what}");
         shim.reclaimer.stop();
         background.stop();
-        Shim::free(shim, gpu, held);
+        assert!(matches!(shim.free(gpu, held, kind), Freed::Issued { .. }));
         gpu.drain();
-        assert!(gpu.violations().is_empty(), "{:?}", gpu.violations());
+        assert!(gpu.violations().is_empty(), "{what}: {:?}", gpu.violations());
     }
 }
