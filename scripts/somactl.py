@@ -89,7 +89,7 @@ def usage(path):
             return devices
         ordinal, host = where & 0xFFFFFFFF, where >> 32
         values = dict(zip(FIGURES, struct.unpack_from("<6Q", data, 16)))
-        entry = devices.setdefault(ordinal, {"device": ordinal, "uuid": uuid_text(data[:16])})
+        entry = devices.setdefault(ordinal, {"device": ordinal, "uuid": uuid_text(data[:16]), "pinned_host_pool": 0})
         if host:
             entry["pinned_host_pool"] = values["reserved"]
         else:
