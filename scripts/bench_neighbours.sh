@@ -55,11 +55,12 @@ run() {
     shift
   done
   shift
+  local rc value
   out=$(timeout 120 env "${envs[@]}" "$BUILD/neighbours" "$@" 2>&1)
-  echo "  $scenario: $out"
-  local value
+  rc=$?
+  echo "  $scenario: $out (exit status $rc)"
   value=$(awk -v f="$field" '{for (i = 1; i < NF; i++) if ($i == f) print $(i + 1)}' <<<"$out" | tail -n 1)
-  if [ -z "$value" ] || [ "$value" = -1.0 ]; then
+  if [ "$rc" != 0 ] || [ -z "$value" ] || [ "$value" = -1.0 ]; then
     failed=1
     value=nan
   fi
@@ -88,5 +89,5 @@ for s in second/native-native second/shim-native second/shim-shim turns/native t
 done
 read -r native _ <<<"$(stats "${FIG[turns/native]}")"
 read -r shim _ <<<"$(stats "${FIG[turns/shim]}")"
-awk -v s="$shim" -v n="$native" 'BEGIN {if (n > 0) printf "turns: shim / native = %.2fx\n", s / n}'
+awk -v s="$shim" -v n="$native" 'BEGIN {if (n + 0 > 0 && s + 0 > 0) printf "turns: shim / native = %.2fx\n", s / n}'
 exit $failed

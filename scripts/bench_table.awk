@@ -90,7 +90,7 @@ function t3(key,   v) {
 BEGIN {
   nmodes = split("real reallive shim shimnb async shimsync", mode_of, " ")
   n1 = split("256 1048576 16777216 268435456 1073741824 nlp threads4 threads4-legacy streams4x4G stall pitch2d gpu-chain-kernels gpu-chain", order1, " ")
-  n2 = split("idle-nb0 idle-nb1 idle-nb8 idle-nb64 idle-nb256 threads1 threads4 threads8 threads16 threads1-legacy threads4-legacy threads8-legacy threads16-legacy", order2, " ")
+  n2 = split("idle-nb0 idle-nb1 idle-nb8 idle-nb64 idle-nb256 threads1 threads4 threads8 threads16 threads1-legacy threads4-legacy threads8-legacy threads16-legacy launch-legacy launch-nb", order2, " ")
   if (reps == "") reps = 1
 }
 $3 == "size" && NF >= 11 {

@@ -586,6 +586,8 @@ neighbours_case "a process under the shim is given it at once" reclaim "a neighb
 neighbours_case "a dead and a stopped neighbour cost at most the wait" dead_and_stalled "beside a dead and a stopped neighbour, the taker succeeds within the bound: yes
 the dead neighbour's socket removed: yes"
 neighbours_case "a stopped holder costs the wait, then out of memory" stalled "a stopped holder: out of memory after the bound, not later: yes"
+neighbours_case "SOMA_NEIGHBOURS=0: a process serving CUDA IPC does not give" apart "the holder serves CUDA IPC (it has a socket): yes
+with SOMA_NEIGHBOURS=0 it keeps its cache: yes"
 neighbours_case "somarun --ps and --trim" ps "somarun --ps lists the holder, with what it caches: yes
 somarun --trim gives it back: yes
 then a native neighbour gets it at once: yes"

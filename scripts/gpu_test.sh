@@ -154,7 +154,7 @@ ipc_lifetime|ipc_lifetime|||1|-
 ipc_load|ipc_load|||1|-
 ipc_load@silent|ipc_load|silent||1|-
 ipc_load@flood|ipc_load|flood||1|-
-neighbours|neighbours|||1|-
+neighbours|neighbours||SOMA_DECAY_MS=3000|1|-
 ipc@passthrough_callers|ipc||SOMA_PASSTHROUGH_CALLERS=ipc|1|-
 capture_modes|capture_modes|||1|=
 capture_modes@barrier|capture_modes||SOMA_FREE_ORDER=barrier|1|-

@@ -14,6 +14,8 @@
  *            the bound of its wait (200 ms), and the dead one's socket is gone;
  *   stalled  the holder itself stopped: the taker is out of memory after
  *            the bound, not later;
+ *   apart    a holder with SOMA_NEIGHBOURS=0 that serves CUDA IPC (so has a
+ *            socket) refuses: the taker is out of memory at once;
  *   ps       somarun --ps --json lists the holder with what it caches;
  *            somarun --trim PID makes it give that back, and --ps shows it.
  * The figures are printed as "# " lines. */
@@ -46,14 +48,20 @@ struct held {
   double last_free_ms; /* when its last free returned (CLOCK_MONOTONIC, one clock for every process) */
 };
 
-/* Allocates `arg` MiB in 64 MiB blocks, frees them, synchronizes, says so,
- * and idles until stdin closes. */
+/* Allocates `arg` MiB in 64 MiB blocks (with an "e" after the number, exports
+ * the first through CUDA IPC), frees them, synchronizes, says so, and idles
+ * until stdin closes. */
 static int holder(const char *arg) {
-  unsigned long mib = strtoul(arg, NULL, 10);
+  char *end = NULL;
+  unsigned long mib = strtoul(arg, &end, 10);
   void *blocks[64] = {0};
   unsigned long n = mib / 64;
   CHECK_CUDA(cudaFree(NULL));
   for (unsigned long i = 0; i < n && i < 64; i++) CHECK_CUDA(cudaMalloc(&blocks[i], 64 * MiB));
+  if (*end == 'e') {
+    cudaIpcMemHandle_t h;
+    CHECK_CUDA(cudaIpcGetMemHandle(&h, blocks[0]));
+  }
   for (unsigned long i = 0; i < n && i < 64; i++) CHECK_CUDA(cudaFree(blocks[i]));
   struct held h = {0, now_ms()};
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -127,15 +135,20 @@ static struct child start(const char *role, const char *arg, int shim, const cha
   return c;
 }
 
-/* A holder of HELD_MIB under the shim, freed and idle once this returns;
- * `last_free_ms`, if given, gets when its last free returned. */
-static struct child start_holder(const char *const *settings, double *last_free_ms) {
-  struct child c = start("holder", "768", 1, settings);
+/* A holder of HELD_MIB (`how`: "768", or "768e" to export a block) under
+ * the shim, freed and idle once this returns; `last_free_ms`, if given, gets
+ * when its last free returned. */
+static struct child start_holder_as(const char *how, const char *const *settings, double *last_free_ms) {
+  struct child c = start("holder", how, 1, settings);
   struct held h = {0, 0};
   read_all(c.from, &h, sizeof h);
   printf("# holder %d: the device's use after its frees: %llu MiB\n", (int)c.pid, (unsigned long long)(h.used / MiB));
   if (last_free_ms) *last_free_ms = h.last_free_ms;
   return c;
+}
+
+static struct child start_holder(const char *const *settings, double *last_free_ms) {
+  return start_holder_as("768", settings, last_free_ms);
 }
 
 static struct taken take(int shim, double poll_ms) {
@@ -224,6 +237,15 @@ static void stalled(void) {
   CHECK_EQ(finish_child(h), 0);
 }
 
+static void apart(void) {
+  struct child h = start_holder_as("768e", NO_DECAY_ALONE, NULL);
+  printf("the holder serves CUDA IPC (it has a socket): %s\n", has_socket(h.pid) ? "yes" : "no");
+  struct taken t = take(1, 0);
+  printf("with SOMA_NEIGHBOURS=0 it keeps its cache: %s\n",
+         t.first_rc != cudaSuccess && t.first_ms < ASK_WAIT_MS ? "yes" : "no");
+  CHECK_EQ(finish_child(h), 0);
+}
+
 /* The figure `name` of process `pid`'s device 0 in `somarun --ps --json`
  * (-1 if it is not listed). */
 static long long ps_figure(pid_t pid, const char *name) {
@@ -276,8 +298,9 @@ int main(int argc, char **argv) {
   else if (strcmp(which, "reclaim") == 0) reclaim();
   else if (strcmp(which, "dead_and_stalled") == 0) dead_and_stalled();
   else if (strcmp(which, "stalled") == 0) stalled();
+  else if (strcmp(which, "apart") == 0) apart();
   else if (strcmp(which, "ps") == 0) ps();
-  else CHECK(!"NEIGHBOURS_CASE is decay, never, reclaim, dead_and_stalled, stalled or ps");
+  else CHECK(!"NEIGHBOURS_CASE is decay, never, reclaim, dead_and_stalled, stalled, apart or ps");
   unlink(table);
   return report();
 }

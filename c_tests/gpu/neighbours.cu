@@ -3,11 +3,11 @@
  * synchronizes and idles; then
  *   1. a native process (the shim not preloaded) asks for 60% every 20 ms
  *      until it gets it (10 s at most): natively at once; under the shim once
- *      the decay's delay has passed (SOMA_DECAY_MS, 1 s);
+ *      the decay's delay has passed (the suite runs it with SOMA_DECAY_MS=3000);
  *   2. the holder fills and frees again, and a process run as this one is
- *      (under the shim in the shim run) asks once, before the decay's delay
- *      has passed: it gets it at once (under the shim, the holder gives back
- *      what its pool holds when asked).
+ *      (under the shim in the shim run) asks once, well before the decay's
+ *      3 s have passed: it gets it at once (under the shim, only because the
+ *      holder gives back what its pool holds when asked).
  * Each taker touches what it got with a kernel. Printed: whether each got
  * it; "# " lines: how long it took. */
 #include "gpu_common.h"

@@ -1255,7 +1255,7 @@ fn unused_pool_memory_decays_or_is_given_back_when_asked() {
         assert!(shim.start_reclaimer(gpu));
         let started = std::time::Instant::now();
         let mut now = reserved_and_in_use(shim, gpu, index);
-        // Off: six of its checks' worth of waiting shows it keeps the memory.
+        // Off: a while of waiting shows it keeps the memory.
         let wait = std::time::Duration::from_millis(if decay == "0" { 200 } else { 2000 });
         while now.0 > now.1 && started.elapsed() < wait {
             std::thread::sleep(std::time::Duration::from_millis(5));

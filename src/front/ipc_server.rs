@@ -434,9 +434,16 @@ impl Served {
                 self.grant(allocator, &mut client, &handle)
             }
             Some(Request::Lease(Op::Open, _)) => send_all(&client.connection, &Reply::REFUSED.encode()).is_ok(),
+            // A device's memory for a neighbour out of it, unless this process
+            // takes no part (SOMA_NEIGHBOURS=0; it serves CUDA IPC) or the asker
+            // has given up already (it hung up while this process was stopped,
+            // say); every pool's for `somarun --trim`.
+            Some(Request::GiveBack(uuid)) if (uuid.is_some() && !allocator.config.neighbours) || hung_up(&client.connection) => {
+                send_all(&client.connection, &Reply::REFUSED.encode()).is_ok()
+            }
             Some(Request::GiveBack(uuid)) => {
                 let given = driver::loaded().map_or(0, |driver| allocator.give_back(driver, uuid));
-                log::debug!("a neighbour asked: {given} bytes given back");
+                log::debug!("asked for memory: {given} bytes given back");
                 send_all(&client.connection, &Reply { status: 0, pool: given, data: [0; 64] }.encode()).is_ok()
             }
             Some(Request::Usage(index)) => {
@@ -576,6 +583,14 @@ impl ExportedPools {
             }
         }
     }
+}
+
+/// Whether the client closed its end (with its request sent before).
+fn hung_up(connection: &UnixStream) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: peeks at most one byte into a local.
+    let n = unsafe { libc::recv(connection.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    n == 0
 }
 
 fn peer_uid(connection: &UnixStream) -> Option<u32> {

@@ -86,7 +86,7 @@ impl Allocator {
         let counters = self.stats.counters(device.ordinal, device.host);
         // A pool of a device reset by a path the shim does not see is gone.
         let live = self.is_current_incarnation(driver, device.ordinal, None);
-        let reserved = if live { device.reserved(driver) } else { 0 };
+        let reserved = if live { driver.with_context(device.context, || device.reserved(driver)).unwrap_or(0) } else { 0 };
         let figures = [
             counters.in_use.load(Relaxed),
             device.cached_bytes(),

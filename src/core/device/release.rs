@@ -12,8 +12,11 @@ use crate::core::ptrmap::PointerMap;
 use crate::cuda::gpu::{Gpu, PoolCounter, Stream};
 
 /// How long a give-back waits, at most, for the frees of the blocks it
-/// returned from the cache to pass on an idle stream.
-const RETURNS_SETTLE: Duration = Duration::from_millis(5);
+/// returned from the cache to pass: on the pool stream, which holds the
+/// shim's own operations alone (microseconds), and on the legacy stream,
+/// where the program's work may keep them (left to a later check then).
+const POOL_STREAM_SETTLE: Duration = Duration::from_millis(5);
+const LEGACY_SETTLE: Duration = Duration::from_millis(1);
 
 impl Device {
     /// Whether a check of the decay is due.
@@ -56,10 +59,10 @@ impl Device {
             });
         }
         // Their frees pass at once where the stream is idle: waited for a
-        // little, so that this trim returns them too (a legacy stream busy
-        // with the program's work is not waited for).
-        for (stream, used) in [(self.pool_stream, returned[0]), (Stream::LEGACY, returned[1])] {
-            let until = Instant::now() + RETURNS_SETTLE;
+        // little, so that this trim returns them too. (The caller holds the
+        // captures lock throughout: a capture that begins meanwhile waits.)
+        for (stream, used, settle) in [(self.pool_stream, returned[0], POOL_STREAM_SETTLE), (Stream::LEGACY, returned[1], LEGACY_SETTLE)] {
+            let until = Instant::now() + settle;
             while used && !driver.is_idle(stream) && Instant::now() < until {
                 std::thread::sleep(Duration::from_micros(100));
             }
