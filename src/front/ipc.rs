@@ -28,7 +28,6 @@
 use std::collections::HashMap;
 use std::ffi::c_uint;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -41,7 +40,7 @@ use crate::cuda::driver;
 use crate::cuda::gpu::{Gpu, Pool};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
 
-use super::ipc_server::{random_secret, server_endpoint, socket_dir, socket_path, Served, Server, SERVED, SERVER, SERVING_ENDPOINT, SERVING_PID};
+use super::ipc_server::{random_secret, remove_stale_socket, server_endpoint, socket_dir, socket_path, Served, Server, SERVED, SERVER, SERVING_ENDPOINT, SERVING_PID};
 use super::ipc_wire::{connect, encode_request, receive_with_fd, send_all_by, Op, Reply, REPLY_LEN};
 
 /// `CUDA_ERROR_INVALID_CONTEXT`: the real open of a handle in the process
@@ -190,7 +189,7 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
         // A listener closes only with its exporter (a forked child closes its copy): the
         // file is a dead exporter's, whose pid may be another process's by now.
         Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
-            remove_stale_socket(handle);
+            remove_exporters_socket(handle);
             return Err(Refused::ExporterGone);
         }
         Err(_) => return Err(unanswered()),
@@ -203,7 +202,7 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
         if matches!(refused, Refused::ExporterGone) {
             // Killed as it was asked: a zombie's last threads may still have
             // held the listener at the connect. The file is a dead exporter's.
-            remove_stale_socket(handle);
+            remove_exporters_socket(handle);
         }
         return Err(refused);
     };
@@ -295,15 +294,10 @@ impl Link {
     }
 }
 
-/// Removes the socket file of the handle's exporter, which is gone: only a
-/// socket of this user's, in the shim's directory (which only this user may enter).
-fn remove_stale_socket(handle: &IpcHandle) {
-    let Ok(dir) = socket_dir() else { return };
-    let path = socket_path(&dir, handle.pid, handle.endpoint);
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    if std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.file_type().is_socket() && meta.uid() == uid) {
-        let _ = std::fs::remove_file(&path);
+/// Removes the socket file of the handle's exporter, which is gone.
+fn remove_exporters_socket(handle: &IpcHandle) {
+    if let Ok(dir) = socket_dir() {
+        remove_stale_socket(&socket_path(&dir, handle.pid, handle.endpoint));
     }
 }
 

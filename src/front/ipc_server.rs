@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -77,6 +77,17 @@ pub(super) fn socket_dir() -> Result<PathBuf, String> {
 
 pub(super) fn socket_path(dir: &std::path::Path, pid: u32, endpoint: u64) -> PathBuf {
     dir.join(format!("{pid}-{endpoint:016x}"))
+}
+
+/// Removes `path`, the socket file of a server that is gone (no process
+/// listens there): only a socket of this user's (in the shim's directory,
+/// which only this user may enter).
+pub(super) fn remove_stale_socket(path: &std::path::Path) {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket() && meta.uid() == uid) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 pub(super) struct Server {

@@ -12,12 +12,11 @@
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::ipc_server::socket_dir;
+use super::ipc_server::{remove_stale_socket, socket_dir};
 use super::ipc_wire::{connect_at_once, encode_give_back, send_all, Reply, REPLY_LEN};
 
 /// The longest an allocation waits for its neighbours' answers.
@@ -50,9 +49,7 @@ pub fn ask_to_give_back(uuid: [u8; 16], wanted: u64) -> Answers {
             }
             // No process listens there: its process is gone (a live one's socket
             // is listening before it gets its name).
-            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) && is_socket(&path) => {
-                let _ = std::fs::remove_file(&path);
-            }
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => remove_stale_socket(&path),
             Err(e) => log::debug!("neighbour {pid}: {e}"),
         }
     }
@@ -96,10 +93,6 @@ pub fn ask_to_give_back(uuid: [u8; 16], wanted: u64) -> Answers {
         waiting = still;
     }
     answers
-}
-
-fn is_socket(path: &std::path::Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket())
 }
 
 /// The other processes' sockets in this user's directory, by pid.

@@ -228,7 +228,7 @@ impl Allocator {
     fn reclaim_frees(&self, driver: &impl Gpu) -> Activity {
         let captures = read(&self.captures);
         let mut activity = Activity::Idle;
-        for device in self.devices.pools().into_iter().chain(self.hosts.pools()) {
+        for device in self.every_pool() {
             if !device.holds_frees() {
                 continue;
             }

@@ -24,11 +24,6 @@ pub struct PoolUsage {
 }
 
 impl Allocator {
-    /// Every pool, the devices' first, then the pinned host memory pools.
-    fn every_pool(&self) -> impl Iterator<Item = Arc<Device>> {
-        self.devices.pools().into_iter().chain(self.hosts.pools())
-    }
-
     /// Runs `give` on each of `pools` in its device's context, counting what
     /// it gave back; nothing while a capture is in progress (returning
     /// cached blocks may use the legacy stream) or on a device reset by a

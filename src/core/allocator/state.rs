@@ -112,6 +112,11 @@ impl Allocator {
         self.known_device(ordinal).map(|d| d.context)
     }
 
+    /// Every pool, the devices' first, then the pinned host memory pools.
+    pub(super) fn every_pool(&self) -> impl Iterator<Item = Arc<Device>> {
+        self.devices.pools().into_iter().chain(self.hosts.pools())
+    }
+
     pub(super) fn known_device(&self, ordinal: i32) -> Option<Arc<Device>> {
         self.devices.pool(ordinal)
     }

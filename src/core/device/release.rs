@@ -84,9 +84,9 @@ impl Device {
         let over: Vec<_> = self
             .pools()
             .zip(keep)
-            .filter(|&(pool, keep)| {
-                let now = reserved(pool);
-                now > keep && (returned || now > bytes(pool, PoolCounter::UsedNow))
+            .filter_map(|(pool, keep)| {
+                let before = reserved(pool);
+                (before > keep && (returned || before > bytes(pool, PoolCounter::UsedNow))).then_some((pool, keep, before))
             })
             .collect();
         if over.is_empty() {
@@ -97,8 +97,7 @@ impl Device {
         driver.is_idle(self.pool_stream);
         driver.is_idle(Stream::LEGACY);
         let mut given_back = 0;
-        for (pool, keep) in over {
-            let before = reserved(pool);
+        for (pool, keep, before) in over {
             if let Err(e) = driver.trim(pool, keep) {
                 log::debug!("device {}: trimming the pool failed: {e:?}", self.ordinal);
             }
