@@ -12,7 +12,7 @@ SHIM_LIB := $(if $(SHIM),$(SHIM),target/release/libsomashim.so)
 
 PREFIX ?= /usr/local
 
-.PHONY: test gpu-test gpu-test-cuda12 cuda12-runtime demo bench compat install headers shim clean
+.PHONY: test stress gpu-test gpu-test-cuda12 cuda12-runtime demo bench compat install headers shim clean
 
 # Real CUDA 13.0 headers for the CPU test double, in $(CUDA_HEADERS). Where CUDA_HOME
 # is set and $(CUDA_HOME)/include/cuda.h is CUDA 13.0's, that directory is linked there
@@ -57,6 +57,11 @@ endif
 test: headers
 	cargo build --release
 	scripts/cpu_test.sh target/release/libsomashim.so $(CUDA_HEADERS)
+
+# The ordering properties searched deep on the CPU, from a random seed (a few
+# minutes; STRESS_CASES per property and setting, PROPTEST_RNG_SEED to repeat one).
+stress:
+	scripts/stress.sh
 
 gpu-test: shim
 	scripts/gpu_test.sh $(SHIM_LIB)

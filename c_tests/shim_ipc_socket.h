@@ -5,6 +5,7 @@
 #ifndef SOMASHIM_SHIM_IPC_SOCKET_H
 #define SOMASHIM_SHIM_IPC_SOCKET_H
 #include <errno.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,6 +23,14 @@
 /* No exchange with an exporter may block a test for longer. */
 #define SHIM_IPC_TIMEOUT_S 5
 
+/* The directory of the shim's sockets, as the shim names it: SOMA_SOCKET_DIR, or
+ * this user's in /tmp. */
+static inline void shim_socket_dir(char *dir, size_t size) {
+  const char *named = getenv("SOMA_SOCKET_DIR");
+  if (named && *named) snprintf(dir, size, "%s", named);
+  else snprintf(dir, size, "/tmp/somashim-%u", (unsigned)geteuid());
+}
+
 /* The exporter's socket, as the shim's handle names it (pid at byte 12,
  * endpoint at 16, little-endian; src/front/ipc_server.rs). */
 static inline void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size) {
@@ -30,7 +39,9 @@ static inline void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_
   uint64_t endpoint;
   memcpy(&pid, h->reserved + 12, sizeof pid);
   memcpy(&endpoint, h->reserved + 16, sizeof endpoint);
-  snprintf(path, size, "/tmp/somashim-%u/%u-%016llx", (unsigned)geteuid(), pid, (unsigned long long)endpoint);
+  char dir[96];
+  shim_socket_dir(dir, sizeof dir);
+  snprintf(path, size, "%s/%u-%016llx", dir, pid, (unsigned long long)endpoint);
 }
 
 /* A connection to an exporter's socket, whose sends and receives give up

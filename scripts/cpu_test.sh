@@ -36,6 +36,12 @@ BIN=$B/bin
 RUNS=$B/runs
 mkdir -p "$FAKE" "$BIN" "$RUNS"
 rm -rf "$RUNS"/* "$BIN"/* "$FAKE"/* # nothing stale may pass for a fresh build
+# The shim processes of this suite talk over sockets of their own: other suites
+# running beside it (another clone's, a user's programs) are neither asked for
+# memory nor listed (SOMA_SOCKET_DIR; short, for the socket names' limit).
+SOCKETS=$(mktemp -d /tmp/somashim-suite-XXXXXX) || exit 2
+trap 'rm -rf "$SOCKETS"' EXIT
+export SOMA_SOCKET_DIR=$SOCKETS/all
 
 PASSED=0
 FAILED=0
@@ -576,8 +582,9 @@ every block freed once closed: yes"
 
 # Processes sharing the double's device (neighbours.c, one case each): what a
 # program freed reaches another process, after the decay or when asked.
-neighbours_case() { # name case expected-stdout
-  shim_case "neighbours: $1" neighbours NEIGHBOURS_CASE="$2" "$3" SOMARUN="$ROOT/scripts/somarun"
+neighbours_case() { # name case expected-stdout; each case's processes alone in their directory
+  shim_case "neighbours: $1" neighbours NEIGHBOURS_CASE="$2" "$3" SOMARUN="$ROOT/scripts/somarun" \
+    SOMA_SOCKET_DIR="$SOCKETS/$2"
 }
 neighbours_case "freed memory reaches a native process once the decay has passed" decay "a native neighbour: out of memory at once: yes
 it succeeds once the delay has passed: yes"

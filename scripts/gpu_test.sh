@@ -13,8 +13,9 @@
 # own_context (a context of the program's own) must have '# pooled 0' in both
 # runs, and the shim run may take at most 3x the native one + 0.5 s. Then
 # the non-C checks (no-CUDA processes, bad configuration), the race test's
-# teeth (race --wrong-stream, also with --streams 256 and --threads 16, and
-# legacy_race --no-stream-wait, natively, must detect corruption), the
+# teeth (race --wrong-stream, also with --streams 256 and --threads 16,
+# legacy_race --no-stream-wait and capture_free_race --unordered, natively,
+# must detect corruption), the
 # statistics and trace files of forked children (fork@stats), and the suite
 # again under compute-sanitizer memcheck with the shim preloaded into the
 # target only. The last line is 'N passed, N failed, N skipped'; the exit
@@ -77,7 +78,6 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   say "gpu_test: nvidia-smi failed: no usable NVIDIA GPU here"
   exit 2
 fi
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 
 # shellcheck source=scripts/gpu_common.sh
 . scripts/gpu_common.sh
@@ -157,6 +157,9 @@ ipc_load@flood|ipc_load|flood||1|-
 neighbours|neighbours||SOMA_DECAY_MS=3000|1|-
 ipc@passthrough_callers|ipc||SOMA_PASSTHROUGH_CALLERS=ipc|1|-
 capture_modes|capture_modes|||1|=
+capture_free_race|capture_free_race|||1|=
+capture_free_race@past_limit|capture_free_race||SOMA_PENDING_FREE_LIMIT=0|1|-
+capture_free_race@barrier|capture_free_race||SOMA_FREE_ORDER=barrier|1|-
 capture_modes@barrier|capture_modes||SOMA_FREE_ORDER=barrier|1|-
 capture_modes@exit_global|capture_modes|--exit-capturing global|SOMA_STATS=1|1|-
 capture_modes@exit_global_blocking|capture_modes|--exit-capturing global blocking|SOMA_STATS=1|1|-
@@ -199,7 +202,7 @@ EOF
 # The same programs built with the static runtime (all of them) and as
 # driver-API programs (those whose checks are about allocation and ordering).
 # own_context calls no runtime function: its static build is the same program.
-DRIVER_API_TESTS=" memory_limit host_pinned pointer_ops host_race streams race work_kinds legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes fork ipc ipc_errors ipc_lifetime "
+DRIVER_API_TESTS=" memory_limit host_pinned pointer_ops host_race streams race work_kinds legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes capture_free_race fork ipc ipc_errors ipc_lifetime "
 while IFS='|' read -r name prog args envs gpus _; do
   case $name in *@* | own_context) continue ;; esac
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"
@@ -253,6 +256,14 @@ for src in c_tests/gpu/*.cu; do
     fi
   done
 done
+
+# The GPUs CUDA sees here (CUDA_VISIBLE_DEVICES counts; nvidia-smi ignores it).
+printf '#include <cstdio>\n#include <cuda_runtime.h>\nint main(){int n=0;if(cudaGetDeviceCount(&n))n=0;printf("%%d\\n",n);}\n' >"$BUILD/device_count.cu"
+NGPU=0
+if "$NVCC" "${RPATH[@]}" -o "$BUILD/device_count" "$BUILD/device_count.cu" >"$BUILD/device_count.build.log" 2>&1; then
+  NGPU=$("$BUILD/device_count")
+fi
+say "# GPUs visible to CUDA: $NGPU"
 
 pooled_of() { sed -n 's/^# pooled \([0-9][0-9]*\) of .*/\1/p' "$1" | tail -n 1; }
 
@@ -365,6 +376,7 @@ for teeth in "race_teeth race --wrong-stream" \
   "race_teeth@streams256 race --wrong-stream --streams 256" \
   "race_teeth@threads16 race --wrong-stream --threads 16" \
   "legacy_race_teeth legacy_race --no-stream-wait" \
+  "capture_free_race_teeth capture_free_race --unordered" \
   "host_race_teeth host_race --wrong"; do
   read -r name prog flags <<<"$teeth"
   wanted "$name" || continue

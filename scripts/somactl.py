@@ -8,7 +8,8 @@
   somactl.py trim [--json] PID   makes process PID give back what its pools
                              hold unused (its program's memory stays)
 
-Each process answers on its socket in /tmp/somashim-<uid> (the protocol:
+Each process answers on its socket in $SOMA_SOCKET_DIR, by default
+/tmp/somashim-<uid> (the protocol:
 src/front/ipc_wire.rs, ops 3 and 4). A process that does not answer within a
 second is shown as such. --json: one JSON object per line, per process.
 Exit status: 0; 1 if `trim` found no such process or it did not answer; 2 on
@@ -27,7 +28,7 @@ TIMEOUT_S = 1.0
 
 
 def socket_dir():
-    return f"/tmp/somashim-{os.geteuid()}"
+    return os.environ.get("SOMA_SOCKET_DIR") or f"/tmp/somashim-{os.geteuid()}"
 
 
 def processes():

@@ -474,8 +474,8 @@ static void signalled(void) {
 
 /* This process's server sockets in the shim's directory. */
 static int own_sockets(void) {
-  char dir[64], prefix[32];
-  snprintf(dir, sizeof dir, "/tmp/somashim-%u", (unsigned)geteuid());
+  char dir[96], prefix[32];
+  shim_socket_dir(dir, sizeof dir);
   snprintf(prefix, sizeof prefix, "%d-", (int)getpid());
   DIR *d = opendir(dir);
   int n = 0;
@@ -560,8 +560,8 @@ static void stale_socket(void) {
   memcpy(h.reserved + 12, &pid, sizeof pid);
   memcpy(h.reserved + 16, &endpoint, sizeof endpoint);
   memcpy(h.reserved + 24, &base, sizeof base);
-  char dir[64], path[128];
-  snprintf(dir, sizeof dir, "/tmp/somashim-%u", (unsigned)geteuid());
+  char dir[96], path[128];
+  shim_socket_dir(dir, sizeof dir);
   mkdir(dir, 0700); /* the shim's own checks judge it */
   socket_path_of(&h, path, sizeof path);
   /* A listener closed without its file removed, as a killed exporter's. */

@@ -22,6 +22,7 @@
 #include "common.h"
 #include "../child.h"
 #include "../clock_ms.h"
+#include "../shim_ipc_socket.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -196,8 +197,8 @@ static void reclaim(void) {
 
 /* Whether this user's socket directory holds a socket of process `pid`. */
 static int has_socket(pid_t pid) {
-  char dir[64], prefix[32];
-  snprintf(dir, sizeof dir, "/tmp/somashim-%u", (unsigned)geteuid());
+  char dir[96], prefix[32];
+  shim_socket_dir(dir, sizeof dir);
   snprintf(prefix, sizeof prefix, "%d-", (int)pid);
   DIR *d = opendir(dir);
   int found = 0;

@@ -116,6 +116,8 @@ pub struct Config {
     /// Other shim processes of this user are asked for what they cache at
     /// out-of-memory, and this one answers theirs (`SOMA_NEIGHBOURS`).
     pub neighbours: bool,
+    /// `SOMA_SOCKET_DIR`; None: this user's directory in /tmp.
+    pub socket_dir: Option<String>,
     pub stats: StatsOutput,
     pub trace: Option<String>,
     pub meminfo: MemInfo,
@@ -142,6 +144,8 @@ enum Kind {
     LegacyCache,
     Stats,
     Path,
+    /// An absolute directory path, short enough for a socket's name in it.
+    Directory,
     MemInfo,
     List,
     LogFilter,
@@ -168,6 +172,7 @@ impl Kind {
             Kind::LegacyCache => "auto, on or off",
             Kind::Stats => "0 or 1 (also true/false, yes/no, on/off; 1: to stderr), or a file path, which must contain a / (such as ./stats.txt)",
             Kind::Path => "a file path, which must contain a / (such as ./trace.csv), or empty for none",
+            Kind::Directory => "an absolute directory path of at most 80 bytes (such as /tmp/somashim-jobs), or empty for the default",
             Kind::MemInfo => "real or pool",
             Kind::List => "comma-separated library names such as libnccl,libfoo (empty for none)",
             Kind::LogFilter => {
@@ -362,6 +367,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store!(neighbours, Flag),
     },
     Variable {
+        name: "SOMA_SOCKET_DIR",
+        kind: Kind::Directory,
+        default: "",
+        doc: "The directory of the sockets through which shim processes share CUDA IPC handles, give memory back to each other and answer somarun --ps (made with mode 0700 if missing); empty: /tmp/somashim-<uid>. Processes naming different directories do not see each other.",
+        store: store!(socket_dir, Path),
+    },
+    Variable {
         name: "SOMA_STATS",
         kind: Kind::Stats,
         default: "0",
@@ -536,6 +548,7 @@ impl Config {
             memory_limit: Bytes::Exact(0),
             decay: None,
             neighbours: false,
+            socket_dir: None,
             stats: StatsOutput::Off,
             trace: None,
             meminfo: MemInfo::Real,
@@ -637,6 +650,8 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
         },
         Kind::Path if text.is_empty() => Some(Value::Path(None)),
         Kind::Path => file_path(text).map(|path| Value::Path(Some(path))),
+        Kind::Directory if text.is_empty() => Some(Value::Path(None)),
+        Kind::Directory => (text.starts_with('/') && text.len() <= MAX_SOCKET_DIR).then(|| Value::Path(Some(text.to_string()))),
         Kind::MemInfo => match text.to_ascii_lowercase().as_str() {
             "real" => Some(Value::MemInfo(MemInfo::Real)),
             "pool" => Some(Value::MemInfo(MemInfo::Pool)),
@@ -652,6 +667,10 @@ fn parse(kind: Kind, text: &str) -> Option<Value> {
 /// A file to write: a path is told from a flag by its `/`, so that a flag
 /// (`0`, `off`) or a mistyped one (`ture`) cannot become a file in the
 /// current directory.
+/// A socket's path (108 bytes at most) is the directory, `/`, and up to 27
+/// bytes of name (`<pid>-<endpoint>`).
+const MAX_SOCKET_DIR: usize = 80;
+
 fn file_path(text: &str) -> Option<String> {
     text.contains('/').then(|| text.to_string())
 }
@@ -767,6 +786,15 @@ mod tests {
         assert_eq!(config(&[("SOMA_STATS", "0")]).unwrap().stats, StatsOutput::Off);
         assert_eq!(config(&[("SOMA_STATS", "./s")]).unwrap().stats, StatsOutput::File("./s".into()));
         assert_eq!(config(&[("SOMA_STATS", "")]).unwrap().stats, StatsOutput::Off);
+    }
+
+    #[test]
+    fn the_socket_directory_is_absolute_and_leaves_room_for_a_socket_name() {
+        assert_eq!(config(&[]).unwrap().socket_dir, None);
+        assert_eq!(config(&[("SOMA_SOCKET_DIR", "/tmp/jobs-a")]).unwrap().socket_dir.as_deref(), Some("/tmp/jobs-a"));
+        assert_eq!(blamed(config(&[("SOMA_SOCKET_DIR", "jobs")]).unwrap_err()), "SOMA_SOCKET_DIR");
+        let long = format!("/{}", "d".repeat(80));
+        assert_eq!(blamed(config(&[("SOMA_SOCKET_DIR", long.as_str())]).unwrap_err()), "SOMA_SOCKET_DIR");
     }
 
     #[test]

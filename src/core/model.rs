@@ -118,6 +118,8 @@ struct State {
     violations: Violations,
     /// Times the shim called a driver function, by name.
     calls: HashMap<&'static str, u64>,
+    /// Every address the pools handed out, in order: what a replay must repeat.
+    handed_out: Vec<u64>,
 }
 
 /// The simulated GPU: one device, one primary context.
@@ -164,6 +166,7 @@ impl SimGpu {
                 generations: HashMap::new(),
                 violations: Violations::default(),
                 calls: HashMap::new(),
+                handed_out: Vec::new(),
             }),
             after_next_wait: Mutex::new(None),
             before_next_legacy_record: Mutex::new(None),
@@ -296,6 +299,13 @@ impl SimGpu {
 
     pub fn violations(&self) -> Violations {
         self.state().violations.clone()
+    }
+
+    /// The addresses the pools handed out so far, in order, and the number of
+    /// ops issued: two runs of one program and seed must give the same.
+    pub fn history(&self) -> (Vec<u64>, usize) {
+        let s = self.state();
+        (s.handed_out.clone(), s.ops.len())
     }
 
     /// Driver calls the shim has made so far, but for the questions about
@@ -754,6 +764,7 @@ impl Gpu for SimGpu {
                 ptr
             }
         };
+        s.handed_out.push(ptr);
         if s.allocated.insert(ptr, (pool_key, size)).is_some() {
             s.violations.misuse.push(format!("the pool handed out the live block {ptr:#x} twice"));
         }

@@ -35,7 +35,7 @@
 //! `reclaiming` is held over the joins and the returns, which only the
 //! reclaimer and an allocation that must wait perform.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -100,7 +100,7 @@ pub struct PendingFrees {
     queued: Mutex<Vec<Block>>,
     /// In the order of their done events on the join stream.
     joined: Mutex<VecDeque<Batch>>,
-    cache: Mutex<HashMap<u64, Vec<Cached>>>,
+    cache: Mutex<BTreeMap<u64, Vec<Cached>>>,
     /// Held over joins and returns (driver calls), by one thread at a time.
     reclaiming: Mutex<Reclaiming>,
     /// Queued and joined bytes: freed, not yet known to be passed.
@@ -504,7 +504,7 @@ impl PendingFrees {
             ptrs.extend(batch.blocks.iter().map(|b| b.ptr));
             events.push(batch.done);
         }
-        ptrs.extend(lock(&self.cache).drain().flat_map(|(_, blocks)| blocks.into_iter().map(|b| b.ptr)));
+        ptrs.extend(std::mem::take(&mut *lock(&self.cache)).into_iter().flat_map(|(_, blocks)| blocks.into_iter().map(|b| b.ptr)));
         self.pending_bytes.store(0, Relaxed);
         self.cached_bytes.store(0, Relaxed);
         self.small_cached_bytes.store(0, Relaxed);
@@ -514,7 +514,7 @@ impl PendingFrees {
 
 /// The time before which the oldest cached blocks of the sizes `counted`
 /// picks, `excess` bytes or just more, were cached; None if nothing need go.
-fn oldest_to_release(cache: &HashMap<u64, Vec<Cached>>, excess: u64, counted: impl Fn(u64) -> bool) -> Option<Instant> {
+fn oldest_to_release(cache: &BTreeMap<u64, Vec<Cached>>, excess: u64, counted: impl Fn(u64) -> bool) -> Option<Instant> {
     if excess == 0 {
         return None;
     }

@@ -18,6 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ipc_wire::{decode_request, encode_usage, send_all, send_with_fd, Op, Reply, Request, REQUEST_LEN};
+use super::process::allocator;
 use crate::core::allocator::state::Allocator;
 use crate::core::ptrmap::Block;
 use crate::core::shared_blocks::{IpcHandle, Secret};
@@ -57,12 +58,16 @@ pub(super) fn random_secret() -> Option<Secret> {
     Some(secret)
 }
 
-/// The directory of this user's IPC sockets: made with mode 0700, and used
-/// only if it is a real directory this user owns that no one else may enter.
+/// The directory of the sockets (`SOMA_SOCKET_DIR`, by default this
+/// user's in /tmp): made with mode 0700, and used only if it is a real
+/// directory this user owns that no one else may enter.
 pub(super) fn socket_dir() -> Result<PathBuf, String> {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
-    let dir = PathBuf::from(format!("/tmp/somashim-{uid}"));
+    let dir = match &allocator().config.socket_dir {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(format!("/tmp/somashim-{uid}")),
+    };
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}

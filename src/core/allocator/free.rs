@@ -183,8 +183,9 @@ impl Allocator {
     /// The program's own `cudaFreeAsync` of a pool block (`real_free`): the
     /// streams that may use the block again are ordered after the work
     /// before that free before it is issued, so before any legacy-stream
-    /// allocation can be handed it. (During a capture the free runs with the
-    /// graph, after the capture.)
+    /// allocation can be handed it. During a capture that ordering is owed
+    /// until the last capture ends (`end_capture`): the free itself may be
+    /// issued on a stream that is not capturing, and so reach the pool now.
     fn program_frees(&self, driver: &impl Gpu, device: &Device, real_free: impl FnOnce() -> bool) {
         let captures = read(&self.captures);
         // Held through the free: no stream is made between the waits and it.
@@ -196,6 +197,8 @@ impl Allocator {
             if let Err(e) = ordered.and_then(|r| r) {
                 log::warn!("device {}: ordering streams before a cudaFreeAsync failed: {e:?}", device.ordinal);
             }
+        } else {
+            device.owe_program_free_order();
         }
         real_free();
     }

@@ -180,6 +180,21 @@ impl Allocator {
         Some(work)
     }
 
+    /// Orders the frees the program issued itself during the captures just
+    /// ended: the live non-blocking streams wait for the legacy stream's work
+    /// so far, which covers the work before each of them. The captures must
+    /// be locked for writing, none in progress, so no allocation comes first.
+    fn pay_program_free_orders(&self, driver: &impl Gpu) {
+        for device in self.devices.pools().into_iter().filter(|device| device.take_owed_program_free_order()) {
+            let registry = read(&self.streams);
+            let after = registry.predecessors(device.context);
+            let ordered = driver.with_context(device.context, || device.order_before_program_free(driver, &after));
+            if let Err(e) = ordered.and_then(|r| r) {
+                log::warn!("device {}: ordering streams after a cudaFreeAsync during a capture failed: {e:?}", device.ordinal);
+            }
+        }
+    }
+
     pub fn capture_in_progress(&self) -> bool {
         !read(&self.captures).is_empty()
     }
@@ -211,6 +226,9 @@ impl Allocator {
                 if *count == 0 {
                     captures.remove(&key);
                 }
+            }
+            if let (true, Some(driver)) = (captures.is_empty(), driver) {
+                self.pay_program_free_orders(driver);
             }
             result
         };

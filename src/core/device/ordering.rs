@@ -427,4 +427,21 @@ impl Device {
         driver.record(self.legacy_free_mark, Stream::LEGACY)?;
         after.nonblocking.iter().try_for_each(|live| driver.wait_event(live.stream, self.legacy_free_mark))
     }
+
+    /// The program freed one of the pool's blocks itself during a capture,
+    /// when the legacy stream must not be touched: the real free went to the
+    /// pool, which may hand the block out on the legacy stream in that
+    /// stream's order, so the ordering `order_before_program_free` gives is
+    /// owed until the last capture ends. Allocations pass through to the real
+    /// allocator while a capture is in progress, so none is handed the block
+    /// before then.
+    pub fn owe_program_free_order(&self) {
+        self.program_free_order_owed.store(true, Relaxed);
+    }
+
+    /// Whether an ordering was owed (`owe_program_free_order`); it is paid by
+    /// the caller, with `order_before_program_free`.
+    pub fn take_owed_program_free_order(&self) -> bool {
+        self.program_free_order_owed.load(Relaxed) && self.program_free_order_owed.swap(false, Relaxed)
+    }
 }

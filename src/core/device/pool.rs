@@ -57,6 +57,10 @@ pub struct Device {
     /// until they are done, the blocks it covers may still be in use, so a
     /// stream made meanwhile waits for it too.
     pub(super) mark_waiters: AtomicUsize,
+    /// The program freed one of the pool's blocks itself (`cudaFreeAsync`)
+    /// while a capture was in progress: the ordering that free needs
+    /// (`order_before_program_free`) is owed until the last capture ends.
+    pub(super) program_free_order_owed: AtomicBool,
     pub(super) order: FreeOrder,
     pub(super) internal_deps: bool,
     pub(super) pending_free_limit: u64,
@@ -144,6 +148,7 @@ impl Device {
             legacy_free_mark: driver.create_event()?,
             mark_waited_on_gpu_only: AtomicBool::new(false),
             mark_waiters: AtomicUsize::new(0),
+            program_free_order_owed: AtomicBool::new(false),
             // The CPU writes a host block at once: only the host's own
             // observation of a passed free makes it safe to hand out.
             order: if host { FreeOrder::Join } else { config.free_order },
