@@ -86,13 +86,16 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork pitch pinned ipc ipc_server ipc_leases neighbours pointer_queries)
+  fork pitch pinned ipc ipc_server ipc_leases neighbours pointer_queries libraries)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
 build "$BIN/nocuda" c_tests/cpu/nocuda.c -ldl
 build "$BIN/static_runtime" c_tests/cpu/static_runtime.c -ldl
 
+for l in a b; do
+  build "$BIN/liballoc_$l.so" -fPIC -shared c_tests/cpu/allocating_library.c -L"$FAKE" -lcudart
+done
 build "$BIN/libnext_a.so" -fPIC -shared c_tests/cpu/dlsym_next_a.c -ldl
 build "$BIN/libnext_b.so" -fPIC -shared c_tests/cpu/dlsym_next_b.c
 build "$BIN/dlsym_next" c_tests/cpu/dlsym_next.c -L"$BIN" -Wl,--no-as-needed -lnext_a -lnext_b \
@@ -465,6 +468,35 @@ compare "stream capture" capture
 compare "static runtime (driver entry points by cuGetProcAddress)" static_runtime
 compare "static runtime, SOMA_DISABLE=1" static_runtime SOMA_DISABLE=1
 
+# Memory by library: the SOMA_STATS rows of the program and of two libraries it loads.
+compare "memory by library: the program and two loaded libraries" libraries LIBS_DIR="$BIN" SOMA_MAX_BYTES=16MiB \
+  "SOMA_STATS=$RUNS/libraries.stats"
+if wanted "memory by library: the table"; then
+  problems=()
+  for row in 'libraries +5.0 MiB +6.0 MiB +2 +0' 'liballoc_a.so +6.0 MiB +6.0 MiB +3 +0' \
+    'liballoc_b.so +1.0 MiB +1.0 MiB +1 +1 \(32.0 MiB\)'; do
+    grep -Eq "^  $row\$" "$RUNS/libraries.stats" 2>/dev/null || problems+=("no row '$row' in $RUNS/libraries.stats")
+  done
+  checked "memory by library: the table" "${problems[@]}"
+fi
+
+# The out-of-memory snapshot: liballoc_a.so fills a 128 MiB device; the shim's
+# snapshot names every live block's library, and scripts/snapshot_viz.py
+# summarizes it and writes PyTorch's memory-viewer file (checked as the viewer
+# reads it: scripts/check_snapshot.py).
+compare "out-of-memory snapshot: the same program natively and under the shim" libraries LIBS_DIR="$BIN" FILL=1 \
+  SOMA_MAX_BYTES=16MiB FAKECUDA_MEM_LIMIT=134217728 "SOMA_SNAPSHOT=$RUNS/oom.json"
+if wanted "out-of-memory snapshot: what it says"; then
+  problems=()
+  python3 scripts/snapshot_viz.py "$RUNS/oom.json" --pickle "$RUNS/oom.pickle" >"$RUNS/oom.summary" 2>&1 ||
+    problems+=("snapshot_viz.py failed: $(head -c 300 "$RUNS/oom.summary")")
+  python3 scripts/check_snapshot.py "$RUNS/oom.json" "$RUNS/oom.pickle" --largest liballoc_a.so >"$RUNS/oom.check" 2>&1 ||
+    problems+=("$(cat "$RUNS/oom.check")")
+  grep -q 'liballoc_a.so' "$RUNS/oom.summary" || problems+=("the summary does not name liballoc_a.so")
+  checked "out-of-memory snapshot: what it says" "${problems[@]}"
+fi
+bad_config SOMA_SNAPSHOT snapshot.json # a path needs a /
+
 # SOMA_PASSTHROUGH_CALLERS (by the calling object's name) and the SOMA_STATS table
 compare "passthrough callers: this program" callers SOMA_PASSTHROUGH_CALLERS=callers EXPECT_POOLED=0 \
   "SOMA_STATS=$RUNS/callers-listed.stats"
@@ -596,6 +628,7 @@ neighbours_case "a stopped holder costs the wait, then out of memory" stalled "a
 neighbours_case "SOMA_NEIGHBOURS=0: a process serving CUDA IPC does not give" apart "the holder serves CUDA IPC (it has a socket): yes
 with SOMA_NEIGHBOURS=0 it keeps its cache: yes"
 neighbours_case "somarun --ps and --trim" ps "somarun --ps lists the holder, with what it caches: yes
+somarun --ps names the library that allocated it: yes
 somarun --trim gives it back: yes
 then a native neighbour gets it at once: yes"
 
@@ -669,6 +702,16 @@ refused_output "SOMA_STATS: a symbolic link is not followed, the table goes to s
   "$LINK_REFUSED" '[ "$(cat "$OUTS/stats-target")" = keep ] && grep -q "^somashim statistics" "$RUNS/$KEY.err"'
 refused_output "SOMA_STATS=/dev/full: not a regular file, the table goes to stderr" SOMA_STATS /dev/full \
   "not a regular file" 'grep -q "^somashim statistics" "$RUNS/$KEY.err"'
+ln -s absent "$OUTS/snapshot-link"
+if wanted "out-of-memory snapshot: a symbolic link is not followed"; then
+  next_key
+  run shim "$KEY" "$BIN/libraries" LIBS_DIR="$BIN" FILL=1 FAKECUDA_MEM_LIMIT=134217728 "SOMA_SNAPSHOT=$OUTS/snapshot-link"
+  problems=()
+  [ "$(rc_of "$KEY")" = 0 ] || problems+=("exit status $(rc_of "$KEY"), want 0")
+  [ "$(grep -c 'cannot write the out-of-memory snapshot' "$RUNS/$KEY.err")" = 1 ] || problems+=("not one warning: $(head -c 300 "$RUNS/$KEY.err")")
+  [ ! -e "$OUTS/absent" ] || problems+=("the link's target was created")
+  checked "out-of-memory snapshot: a symbolic link is not followed" "${problems[@]}"
+fi
 # What another user may plant: a symbolic link to a directory of the user's
 # earlier in the path (one the user made is followed), a hard link to a file
 # of the user's, a file of their own (which would stay readable to them); and a device.

@@ -673,6 +673,54 @@ if wanted torch_ipc && "$PY" -c 'import torch; assert torch.cuda.is_available()'
 elif wanted torch_ipc; then
   skip torch_ipc "no PyTorch with CUDA"
 fi
+# Memory by library: SOMA_STATS' table names PyTorch's, NCCL's and the
+# program's own allocations (c_tests/gpu/torch_libraries.py); PyTorch's row
+# holds what torch.cuda.memory_reserved() said, within one 20 MiB segment.
+if wanted torch_libraries && "$PY" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  # NCCL_CUMEM_ENABLE=0: NCCL's buffers from cudaMalloc (by default it maps
+  # them with cuMemCreate, which the shim neither pools nor counts).
+  rm -f "$RUNS/torch_libraries.json"
+  NCCL_CUMEM_ENABLE=0 SOMA_STATS="$RUNS/torch_libraries.stats" SOMA_SNAPSHOT="$RUNS/torch_libraries.json" \
+    LD_PRELOAD="$SHIM" timeout "$T" "$PY" c_tests/gpu/torch_libraries.py \
+    >"$RUNS/torch_libraries.out" 2>"$RUNS/torch_libraries.err"
+  rc=$?
+  cp "$RUNS/torch_libraries.stats" "$LOGDIR/torch-libraries-stats.txt" 2>/dev/null
+  logfile "torch_libraries stdout" "$RUNS/torch_libraries.out"
+  logfile "torch_libraries stderr" "$RUNS/torch_libraries.err"
+  logfile "torch_libraries SOMA_STATS" "$RUNS/torch_libraries.stats"
+  reserved=$(sed -n 's/^reserved //p' "$RUNS/torch_libraries.out")
+  verdict=$("$PY" scripts/library_rows.py "$RUNS/torch_libraries.stats" "${reserved:-0}" 2>&1)
+  if [ "$rc" = 0 ] && [ -n "$reserved" ] && [ "${verdict%%:*}" = ok ]; then
+    pass torch_libraries "$verdict"
+  else
+    fail torch_libraries "exit $rc, reserved ${reserved:-?}: $verdict"
+  fi
+  # The snapshot: summarized, made PyTorch's viewer file (checked as its viewer
+  # reads it, then read by torch.cuda._memory_viz itself), and drawn.
+  snap=$RUNS/torch_libraries.json viewer=$LOGDIR/torch-oom.pickle
+  problems=()
+  grep -q '^a 1 TiB tensor: out of memory$' "$RUNS/torch_libraries.out" || problems+=("PyTorch was not told it is out of memory")
+  "$PY" scripts/snapshot_viz.py "$snap" --pickle "$viewer" >"$LOGDIR/torch-oom.txt" 2>&1 ||
+    problems+=("snapshot_viz.py: $(tail -n 2 "$LOGDIR/torch-oom.txt" | tr '\n' ' ')")
+  # The picture, next to the log (matplotlib: not a check).
+  "$PY" scripts/snapshot_viz.py "$snap" --png "$LOGDIR/torch-oom.png" >/dev/null 2>>"$LOG"
+  check=$("$PY" scripts/check_snapshot.py "$snap" "$viewer" --largest libc10_cuda.so 2>&1) || problems+=("$check")
+  for viz in stats trace; do
+    "$PY" -m torch.cuda._memory_viz "$viz" "$viewer" >"$RUNS/torch-oom.$viz" 2>&1 ||
+      problems+=("torch.cuda._memory_viz $viz: $(tail -n 2 "$RUNS/torch-oom.$viz" | tr '\n' ' ')")
+  done
+  "$PY" -m torch.cuda._memory_viz trace_plot "$viewer" -o "$LOGDIR/torch-oom.html" >>"$LOG" 2>&1 ||
+    problems+=("torch.cuda._memory_viz trace_plot failed")
+  logfile "torch_libraries snapshot summary" "$LOGDIR/torch-oom.txt"
+  logfile "torch_libraries _memory_viz stats" "$RUNS/torch-oom.stats"
+  if [ ${#problems[@]} -eq 0 ]; then
+    pass torch_oom_snapshot "$(head -n 1 "$LOGDIR/torch-oom.txt")"
+  else
+    fail torch_oom_snapshot "$(IFS=';'; echo "${problems[*]}")"
+  fi
+elif wanted torch_libraries; then
+  skip torch_libraries "no PyTorch with CUDA"
+fi
 if wanted torch_import && "$PY" -c 'import torch' 2>/dev/null; then
   # 'import torch' with and without the preload, interleaved; the medians are
   # reported, and the check fails only past noise (20% and 0.2 s).

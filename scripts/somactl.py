@@ -22,7 +22,7 @@ import struct
 import sys
 
 REQUEST_LEN, REPLY_LEN = 68, 76
-GIVE_BACK, USAGE = 3, 4
+GIVE_BACK, USAGE, LIBRARY = 3, 4, 5
 FIGURES = ("in_use", "cached", "freed_not_reused", "reserved", "peak_in_use", "given_back")
 TIMEOUT_S = 1.0
 
@@ -98,6 +98,21 @@ def usage(path):
     return devices
 
 
+def libraries(path):
+    """The libraries that allocated device memory in the process, the most
+    in use first: name, in use, peak, allocations."""
+    found = []
+    for index in range(64):
+        reply = ask(path, struct.pack("<II", LIBRARY, index).ljust(REQUEST_LEN, b"\0"))
+        if reply is None or reply[0] != 0:
+            break
+        _, in_use, data = reply
+        peak, allocations = struct.unpack_from("<2Q", data)
+        name = data[16:64].split(b"\0", 1)[0].decode(errors="replace")
+        found.append({"name": name, "in_use": in_use, "peak": peak, "allocations": allocations})
+    return found
+
+
 def human(n):
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -110,7 +125,8 @@ def ps(as_json):
     for pid, path in processes():
         devices = usage(path)
         entry = {"pid": pid, "command": command(pid), "answered": devices is not None,
-                 "devices": sorted((devices or {}).values(), key=lambda d: d["device"])}
+                 "devices": sorted((devices or {}).values(), key=lambda d: d["device"]),
+                 "libraries": libraries(path) if devices is not None else []}
         rows.append(entry)
         if as_json:
             print(json.dumps(entry), flush=True)
@@ -124,6 +140,9 @@ def ps(as_json):
         for d in entry["devices"]:
             cells = [human(d.get(k, 0)) for k in ("in_use", "cached", "freed_not_reused", "reserved", "pinned_host_pool", "peak_in_use", "given_back")]
             print("%7d %3d %10s %10s %10s %10s %10s %10s %10s  %s" % (entry["pid"], d["device"], *cells, entry["command"][:60]))
+        top = [f"{lib['name']} {human(lib['in_use'])}" for lib in entry["libraries"][:3] if lib["in_use"] > 0]
+        if top:
+            print("%7s %3s in use by library: %s" % ("", "", ", ".join(top)))
     return 0
 
 

@@ -16,7 +16,8 @@
  *            the bound, not later;
  *   apart    a holder with SOMA_NEIGHBOURS=0 that serves CUDA IPC (so has a
  *            socket) refuses: the taker is out of memory at once;
- *   ps       somarun --ps --json lists the holder with what it caches;
+ *   ps       somarun --ps --json lists the holder with what it caches and
+ *            the library that allocated it (this program);
  *            somarun --trim PID makes it give that back, and --ps shows it.
  * The figures are printed as "# " lines. */
 #include "common.h"
@@ -247,21 +248,28 @@ static void apart(void) {
   CHECK_EQ(finish_child(h), 0);
 }
 
-/* The figure `name` of process `pid`'s device 0 in `somarun --ps --json`
- * (-1 if it is not listed). */
-static long long ps_figure(pid_t pid, const char *name) {
-  char command[4200], line[8192], key[64], pid_key[32];
+/* Process `pid`'s line of `somarun --ps --json` in `line` (empty if it is not listed). */
+static void ps_line(pid_t pid, char *line, size_t size) {
+  char command[4200], pid_key[32];
   snprintf(command, sizeof command, "%s --ps --json", getenv("SOMARUN"));
   snprintf(pid_key, sizeof pid_key, "{\"pid\": %d,", (int)pid);
-  snprintf(key, sizeof key, "\"%s\": ", name);
   FILE *ps = popen(command, "r");
-  long long value = -1;
-  while (ps && fgets(line, sizeof line, ps)) {
-    char *at = strncmp(line, pid_key, strlen(pid_key)) == 0 ? strstr(line, key) : NULL;
-    if (at) value = atoll(at + strlen(key));
+  int found = 0;
+  while (ps && !found && fgets(line, (int)size, ps)) found = strncmp(line, pid_key, strlen(pid_key)) == 0;
+  while (ps && fgetc(ps) != EOF) {
   }
+  if (!found) line[0] = 0;
   if (ps) CHECK_EQ(pclose(ps), 0);
-  return value;
+}
+
+/* The first figure `name` in process `pid`'s line of `somarun --ps --json`
+ * (device 0's, or its first library's; -1 if it is not listed). */
+static long long ps_figure(pid_t pid, const char *name) {
+  char line[8192], key[64];
+  ps_line(pid, line, sizeof line);
+  snprintf(key, sizeof key, "\"%s\": ", name);
+  char *at = strstr(line, key);
+  return at ? atoll(at + strlen(key)) : -1;
 }
 
 static void ps(void) {
@@ -269,6 +277,12 @@ static void ps(void) {
   long long reserved = ps_figure(h.pid, "reserved"), in_use = ps_figure(h.pid, "in_use");
   printf("# --ps: reserved %lld, in use %lld\n", reserved, in_use);
   printf("somarun --ps lists the holder, with what it caches: %s\n", reserved >= (long long)(HELD_MIB * MiB) && in_use == 0 ? "yes" : "no");
+  char line[8192];
+  ps_line(h.pid, line, sizeof line);
+  long long peak = ps_figure(h.pid, "peak");
+  printf("# --ps: the first library's peak %lld\n", peak);
+  printf("somarun --ps names the library that allocated it: %s\n",
+         strstr(line, "\"libraries\": [{\"name\": \"neighbours\"") && peak >= (long long)(HELD_MIB * MiB) ? "yes" : "no");
   char command[4200];
   snprintf(command, sizeof command, "%s --trim %d >/dev/null", getenv("SOMARUN"), (int)h.pid);
   CHECK_EQ(system(command), 0);

@@ -120,6 +120,8 @@ pub struct Config {
     pub socket_dir: Option<String>,
     pub stats: StatsOutput,
     pub trace: Option<String>,
+    /// `SOMA_SNAPSHOT`: where the out-of-memory snapshot goes, if anywhere.
+    pub snapshot: Option<String>,
     pub meminfo: MemInfo,
     pub passthrough_callers: Vec<String>,
     pub log: String,
@@ -388,6 +390,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store!(trace, Path),
     },
     Variable {
+        name: "SOMA_SNAPSHOT",
+        kind: Kind::Path,
+        default: "",
+        doc: "A file: at the first out-of-memory the program is given, what held the device's memory (every live block and the library that allocated it, the pools, the device's free memory, the other shim processes on it, the last 4096 pool events), as JSON; scripts/snapshot_viz.py summarizes it and makes PyTorch's memory-viewer file of it.",
+        store: store!(snapshot, Path),
+    },
+    Variable {
         name: "SOMA_MEMINFO",
         kind: Kind::MemInfo,
         default: "real",
@@ -551,6 +560,7 @@ impl Config {
             socket_dir: None,
             stats: StatsOutput::Off,
             trace: None,
+            snapshot: None,
             meminfo: MemInfo::Real,
             passthrough_callers: Vec::new(),
             log: String::new(),

@@ -8,6 +8,8 @@ pub mod config;
 pub mod decay;
 pub mod device;
 pub mod edit_distance;
+pub mod events;
+pub mod libraries;
 pub mod locks;
 #[cfg(test)]
 mod model;

@@ -441,9 +441,16 @@ fn violations_of(shim: &impl Shim, actions: &[Action], seed: u64) -> Vec<String>
 /// Runs `actions` against `shim` on `gpu`, a GPU of `scale`; the violations
 /// found, as text.
 fn run_on(gpu: &SimGpu, shim: &impl Shim, scale: Scale, actions: &[Action]) -> Vec<String> {
+    run_with_steps(gpu, shim, scale, actions, |_| {})
+}
+
+/// As `run_on`, with `before(i)` run before the `i`th action (the shim's own
+/// thread stepping where the test says).
+fn run_with_steps(gpu: &SimGpu, shim: &impl Shim, scale: Scale, actions: &[Action], before: impl Fn(usize)) -> Vec<String> {
     let mut program = Program::new(gpu, shim, scale);
     let mut found = Vec::new();
-    for action in actions {
+    for (i, action) in actions.iter().enumerate() {
+        before(i);
         if let Err(e) = program.run(action) {
             found.push(format!("{action:?}: {e}"));
         }
@@ -456,7 +463,7 @@ fn run_on(gpu: &SimGpu, shim: &impl Shim, scale: Scale, actions: &[Action]) -> V
 
 fn allocator(settings: &[(&str, &str)]) -> Allocator {
     let vars = settings.iter().map(|(name, value)| (name.into(), value.into()));
-    Allocator::new(Config::from_environment(vars).expect("valid settings"))
+    Allocator::new(Config::from_environment(vars).expect("valid settings"), |_| None)
 }
 
 fn program() -> impl Strategy<Value = (Vec<Action>, u64)> {
@@ -467,6 +474,27 @@ fn program_of(scale: Scale) -> impl Strategy<Value = (Vec<Action>, u64)> {
     (prop::collection::vec(action(scale), 1..150), any::<u64>())
 }
 
+/// A program, and where the shim's own thread steps: before action `i` if
+/// `steps[i % steps.len()]` is 0 (a quarter of the places).
+fn program_with_steps() -> impl Strategy<Value = ((Vec<Action>, u64), Vec<u8>)> {
+    (program(), prop::collection::vec(0u8..4, 1..64))
+}
+
+/// Runs `actions` with the reclaimer counted as running, so that no
+/// allocation orders frees itself below the pending bound, and its steps
+/// taken only at `steps`' places: allocations between a free and the step
+/// that orders it, as a lagging thread leaves them.
+fn violations_with_lagging_reclaimer(settings: &[(&str, &str)], actions: &[Action], seed: u64, steps: &[u8]) -> Vec<String> {
+    let gpu = SimGpu::new(seed, CAPACITY);
+    let shim = allocator(settings);
+    shim.reclaimer.pretend_running();
+    run_with_steps(&gpu, &shim, SMALL, actions, |i| {
+        if steps[i % steps.len()] == 0 {
+            shim.reclaim_all(&gpu);
+        }
+    })
+}
+
 /// The settings the large programs run under: each reaches the default
 /// pending limit's barriers by its own path.
 const LARGE_SETTINGS: [&[(&str, &str)]; 4] = [
@@ -475,6 +503,10 @@ const LARGE_SETTINGS: [&[(&str, &str)]; 4] = [
     &[("SOMA_LEGACY_CACHE", "on")],
     &[("SOMA_SMALL_BLOCKS", "0")],
 ];
+
+/// The settings the lagging reclaimer's programs run under.
+const LAGGING_SETTINGS: [&[(&str, &str)]; 3] =
+    [&[], &[("SOMA_FREE_ORDER", "barrier")], &[("SOMA_PENDING_FREE_LIMIT", "0")]];
 
 proptest! {
     #![proptest_config(search())]
@@ -525,6 +557,14 @@ proptest! {
     fn no_block_is_reused_before_earlier_work_default_pool((actions, seed) in program()) {
         let found = violations_of(&allocator(&[("SOMA_POOL", "default")]), &actions, seed);
         prop_assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
+    fn no_block_is_reused_before_earlier_work_lagging_reclaimer(((actions, seed), steps) in program_with_steps()) {
+        for settings in LAGGING_SETTINGS {
+            let found = violations_with_lagging_reclaimer(settings, &actions, seed, &steps);
+            prop_assert!(found.is_empty(), "{settings:?}: {found:#?}");
+        }
     }
 
     #[test]
@@ -764,6 +804,39 @@ fn reused_early(shim: &impl Shim, gpu: &SimGpu, ptr: u64, stream: Stream) -> boo
     shim.launch(gpu, stream, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
     gpu.drain();
     !gpu.violations().early_reuse.is_empty()
+}
+
+/// The program frees a block itself on the legacy stream while its old work
+/// there runs, then makes a non-blocking stream; a `cudaFree` in barrier order
+/// moves allocations to the legacy stream before the reclaimer's next step,
+/// and the pool hands the block out there. The new stream must not run the
+/// new owner's work beside the old: it was made after the free, so it waited
+/// for the legacy stream's work first. With and without a capture around the
+/// free (then its ordering was owed until the capture ended).
+#[test]
+fn a_stream_made_after_a_program_free_waits_for_the_work_before_it() {
+    for (seed, capture) in (0..16).flat_map(|seed| [(seed, false), (seed, true)]) {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[("SOMA_FREE_ORDER", "barrier")]);
+        shim.reclaimer.pretend_running();
+        let first = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, first);
+        let (p, q) = (Shim::malloc(&shim, &gpu, MIB).expect("pooled"), Shim::malloc(&shim, &gpu, MIB).expect("pooled"));
+        if capture {
+            assert!(Shim::begin_capture(&shim, &gpu, first, CaptureMode::Relaxed));
+        }
+        program_frees_late(&shim, &gpu, p, Stream::LEGACY);
+        if capture {
+            Shim::end_capture(&shim, &gpu, first);
+        }
+        let made_after = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, made_after);
+        gpu.program_freed(Touch { ptr: q, generation: gpu.next_generation(q) });
+        Shim::free(&shim, &gpu, q);
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        assert_eq!(again, p, "seed {seed}: the pool hands the block out again on the legacy stream");
+        assert!(!reused_early(&shim, &gpu, p, made_after), "seed {seed}, capture {capture}: {:?}", gpu.violations());
+    }
 }
 
 /// The allocator is built on whichever program thread calls first, whatever

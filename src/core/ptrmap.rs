@@ -214,6 +214,14 @@ impl PointerMap {
         self.live_block(ptr).is_some()
     }
 
+    /// Every live block (handed out, not freed), by address.
+    pub fn live_blocks(&self) -> Vec<(u64, Block)> {
+        let mut live: Vec<(u64, Block)> =
+            self.slots.iter().filter(|slot| !slot.pending).map(|slot| (*slot.key(), slot.block)).collect();
+        live.sort_unstable_by_key(|&(ptr, _)| ptr);
+        live
+    }
+
     /// Removes every pointer of `device` (it is being reset); returns the
     /// live ones, which the program never freed.
     pub fn take_device(&self, device: i32) -> Vec<(u64, Block)> {

@@ -37,7 +37,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Op::Alloc => "alloc",
             Op::Free => "free",

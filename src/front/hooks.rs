@@ -25,6 +25,8 @@ use crate::cuda::gpu::{Context, Gpu, Stream};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
 use super::ipc;
 use super::neighbours;
+use super::snapshot;
+use super::driver_door::OUT_OF_MEMORY;
 
 /// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
 pub use cudarc::runtime::sys::{cudaExtent as Extent, cudaPitchedPtr as PitchedPtr};
@@ -89,42 +91,52 @@ unsafe fn allocate(
 ) -> Answer {
     let allocator = allocator();
     let _timer = CallTimer::start(allocator, &allocator.stats.alloc_time);
-    match pool_alloc(allocator, out.is_null(), request, caller, make_context_current) {
+    let bytes = match request {
+        Request::Bytes(size) => size,
+        Request::Rows { width, height } => width.saturating_mul(height),
+    };
+    let answer = match pool_alloc(allocator, out.is_null(), request, caller, make_context_current) {
         Ok((ptr, pitch)) => {
             // SAFETY: `out` is non-null here (checked in pool_alloc) and writable.
             unsafe { *out = ptr };
             arm_process_handlers();
-            Answer::Pooled { pitch }
+            return Answer::Pooled { pitch };
         }
         Err(Unserved::OverMemoryLimit) => {
             log::debug!("allocation {request:?} refused: SOMA_MEMORY_LIMIT");
             // SAFETY: as above; the real allocator leaves NULL on failure too.
             unsafe { *out = 0 };
-            Answer::Answered(out_of_memory())
+            out_of_memory()
         }
         Err(Unserved::PassThrough(reason)) => {
-            let bytes = match request {
-                Request::Bytes(size) => size,
-                Request::Rows { width, height } => width.saturating_mul(height),
-            };
-            let rc = answered_by_real(allocator, reason, bytes, real);
+            let rc = answered_by_real(allocator, reason, bytes, Some(caller), real);
             if reason == Passthrough::PoolOutOfMemory && rc == SUCCESS {
                 let device = driver::loaded().and_then(|d| d.current_device().ok()).unwrap_or(0);
                 allocator.stats.device(device).oom_fallbacks.fetch_add(1, Relaxed);
             }
-            Answer::Answered(rc)
+            rc
         }
+    };
+    // The runtime's cudaErrorMemoryAllocation and the driver's
+    // CUDA_ERROR_OUT_OF_MEMORY are both 2.
+    if answer == OUT_OF_MEMORY {
+        snapshot::out_of_memory(allocator, bytes);
     }
+    Answer::Answered(answer)
 }
 
 /// An allocation of `bytes` the pool does not serve, for `reason`: the real
-/// function answers, and is counted.
-fn answered_by_real(allocator: &Allocator, reason: Passthrough, bytes: u64, real: impl FnOnce() -> u32) -> u32 {
+/// function answers, and is counted (device memory: under the library of
+/// `caller`, the call's return address).
+fn answered_by_real(allocator: &Allocator, reason: Passthrough, bytes: u64, caller: Option<usize>, real: impl FnOnce() -> u32) -> u32 {
     log::trace!("allocation of {bytes} bytes passed through: {reason:?}");
     allocator.stats.passed_through(reason, bytes);
     let rc = real();
     if rc == SUCCESS {
         arm_process_handlers();
+        if let Some(caller) = caller {
+            allocator.libraries.passed_through(caller, bytes);
+        }
     }
     rc
 }
@@ -443,7 +455,7 @@ pub unsafe fn malloc_host(
             arm_process_handlers();
             SUCCESS
         }
-        Err(reason) => answered_by_real(allocator, reason, size as u64, real),
+        Err(reason) => answered_by_real(allocator, reason, size as u64, None, real),
     }
 }
 

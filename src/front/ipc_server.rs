@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::ipc_wire::{decode_request, encode_usage, send_all, send_with_fd, Op, Reply, Request, REQUEST_LEN};
+use super::ipc_wire::{decode_request, encode_library, encode_usage, send_all, send_with_fd, Op, Reply, Request, REQUEST_LEN};
 use super::process::allocator;
 use crate::core::allocator::state::Allocator;
 use crate::core::ptrmap::Block;
@@ -468,6 +468,15 @@ impl Served {
                     status: 0,
                     pool: usage.ordinal as u32 as u64 | (usage.host as u64) << 32,
                     data: encode_usage(usage.uuid, usage.figures),
+                });
+                send_all(&client.connection, &reply.encode()).is_ok()
+            }
+            Some(Request::Library(index)) => {
+                let figures = allocator.libraries.figures();
+                let reply = figures.get(index as usize).map_or(Reply::REFUSED, |f| Reply {
+                    status: 0,
+                    pool: f.in_use,
+                    data: encode_library(f.peak, f.allocations, &f.name),
                 });
                 send_all(&client.connection, &reply.encode()).is_ok()
             }

@@ -18,9 +18,14 @@
 //!   refused past the last, has the pool's device (u64: its ordinal, plus
 //!   2^32 for a pinned host pool) and its figures: the UUID (16 bytes), then
 //!   six u64s: in use, cached, freed and not yet reusable, reserved, the
-//!   peak in use, given back so far (`encode_usage`).
+//!   peak in use, given back so far (`encode_usage`);
+//! - op 5, a library: the 64 bytes begin with an index (u32) into the
+//!   libraries that allocated device memory, the most in use first; the
+//!   reply, refused past the last, has the bytes in use (u64), then the peak
+//!   and the allocations (two u64s) and the library's file name (48 bytes,
+//!   NUL-padded, cut to fit) (`encode_library`).
 //!
-//! All integers little-endian. scripts/somactl.py speaks ops 3 and 4 too.
+//! All integers little-endian. scripts/somactl.py speaks ops 3, 4 and 5 too.
 
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -52,16 +57,27 @@ pub(super) enum Request {
     GiveBack(Option<[u8; 16]>),
     /// What the pool of this index holds.
     Usage(u32),
+    /// The figures of the library of this index (`core/libraries.rs`).
+    Library(u32),
 }
 
 const GIVE_BACK: u32 = 3;
 const USAGE: u32 = 4;
+const LIBRARY: u32 = 5;
 
 
 pub(super) fn encode_request(op: Op, handle: &IpcHandle) -> [u8; REQUEST_LEN] {
     let mut bytes = [0u8; REQUEST_LEN];
     bytes[..4].copy_from_slice(&(op as u32).to_le_bytes());
     bytes[4..].copy_from_slice(&handle.encode());
+    bytes
+}
+
+/// A usage request for the pool at `index` (op 4).
+pub(super) fn encode_usage_request(index: u32) -> [u8; REQUEST_LEN] {
+    let mut bytes = [0u8; REQUEST_LEN];
+    bytes[..4].copy_from_slice(&USAGE.to_le_bytes());
+    bytes[4..8].copy_from_slice(&index.to_le_bytes());
     bytes
 }
 
@@ -89,6 +105,7 @@ pub(super) fn decode_request(bytes: &[u8; REQUEST_LEN]) -> Option<Request> {
             }
         }
         USAGE => return Some(Request::Usage(u32::from_le_bytes(bytes[4..8].try_into().ok()?))),
+        LIBRARY => return Some(Request::Library(u32::from_le_bytes(bytes[4..8].try_into().ok()?))),
         _ => return None,
     };
     Some(Request::Lease(op, IpcHandle::decode(bytes[4..].try_into().ok()?)?))
@@ -101,6 +118,17 @@ pub(super) fn encode_usage(uuid: [u8; 16], figures: [u64; 6]) -> PointerExport {
     for (slot, figure) in data[16..].chunks_exact_mut(8).zip(figures) {
         slot.copy_from_slice(&figure.to_le_bytes());
     }
+    data
+}
+
+/// A library reply's data: the peak, the allocations, and the name.
+pub(super) fn encode_library(peak: u64, allocations: u64, name: &str) -> PointerExport {
+    let mut data = [0u8; 64];
+    data[..8].copy_from_slice(&peak.to_le_bytes());
+    data[8..16].copy_from_slice(&allocations.to_le_bytes());
+    let name = name.as_bytes();
+    let kept = name.len().min(48);
+    data[16..16 + kept].copy_from_slice(&name[..kept]);
     data
 }
 
@@ -312,18 +340,21 @@ mod tests {
         let uuid = [0xab; 16];
         assert_eq!(decode_request(&encode_give_back(Some(uuid))), Some(Request::GiveBack(Some(uuid))));
         assert_eq!(decode_request(&encode_give_back(None)), Some(Request::GiveBack(None)));
-        let mut usage = [0u8; REQUEST_LEN];
-        usage[..4].copy_from_slice(&4u32.to_le_bytes());
-        usage[4] = 2;
+        let usage = encode_usage_request(2);
         assert_eq!(decode_request(&usage), Some(Request::Usage(2)));
+        let mut library = usage;
+        library[0] = 5;
+        assert_eq!(decode_request(&library), Some(Request::Library(2)));
         let mut unknown = encode_request(Op::Open, &handle);
-        unknown[0] = 5;
+        unknown[0] = 6;
         assert_eq!(decode_request(&unknown), None);
         let mut bad_flag = encode_give_back(None);
         bad_flag[4] = 2;
         assert_eq!(decode_request(&bad_flag), None);
         let data = encode_usage(uuid, [1, 2, 3, 4, 5, 6]);
         assert_eq!((&data[..16], u64::from_le_bytes(data[56..].try_into().unwrap())), (&uuid[..], 6));
+        let data = encode_library(7, 8, &"x".repeat(60));
+        assert_eq!((data[0], data[8], &data[16..]), (7, 8, &[b'x'; 48][..]), "the name cut to fit");
         assert_eq!(decode_request(&[0; REQUEST_LEN]), None);
         let reply = Reply { status: 0, pool: 0x0102_0304_0506_0708, data: [9; 64] };
         assert_eq!(Reply::decode(&reply.encode()), reply);

@@ -14,5 +14,6 @@ mod ipc_wire;
 pub mod neighbours;
 pub mod pointer_queries;
 pub mod process;
+pub mod snapshot;
 pub mod runtime_door;
 pub mod work;

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::ipc_server::{remove_stale_socket, socket_dir};
-use super::ipc_wire::{connect_at_once, encode_give_back, send_all, Reply, REPLY_LEN};
+use super::ipc_wire::{connect_at_once, encode_give_back, encode_usage_request, send_all, Reply, REPLY_LEN, REQUEST_LEN};
 
 /// The longest an allocation waits for its neighbours' answers.
 pub const ASK_WAIT: Duration = Duration::from_millis(200);
@@ -93,6 +93,41 @@ pub fn ask_to_give_back(uuid: [u8; 16], wanted: u64) -> Answers {
         waiting = still;
     }
     answers
+}
+
+/// What every other shim process of this user holds on the device `uuid`:
+/// its pid and its pool's figures (`PoolUsage::figures`). Each is asked with
+/// a bound of `ASK_WAIT` a request; one that does not answer is left out.
+pub fn usage_on(uuid: [u8; 16]) -> Vec<(u32, [u64; 6])> {
+    let mut found = Vec::new();
+    for (pid, path) in peers() {
+        // The device pools come first, a pinned host pool after them: at most one a device.
+        for index in 0..64 {
+            let Some(reply) = ask_once(&path, &encode_usage_request(index)) else { break };
+            if reply.status != 0 || reply.pool >> 32 != 0 {
+                break;
+            }
+            if reply.data[..16] == uuid {
+                let mut figures = [0u64; 6];
+                for (figure, bytes) in figures.iter_mut().zip(reply.data[16..].chunks_exact(8)) {
+                    *figure = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+                }
+                found.push((pid, figures));
+            }
+        }
+    }
+    found
+}
+
+/// One request over a connection of its own, and its reply (`ASK_WAIT` at most).
+fn ask_once(path: &std::path::Path, request: &[u8; REQUEST_LEN]) -> Option<Reply> {
+    let mut connection = connect_at_once(path).ok()?;
+    connection.set_nonblocking(false).ok()?;
+    connection.set_read_timeout(Some(ASK_WAIT)).ok()?;
+    send_all(&connection, request).ok()?;
+    let mut bytes = [0u8; REPLY_LEN];
+    connection.read_exact(&mut bytes).ok()?;
+    Some(Reply::decode(&bytes))
 }
 
 /// The other processes' sockets in this user's directory, by pid.

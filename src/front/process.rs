@@ -42,7 +42,7 @@ pub fn allocator() -> &'static Allocator {
             // Forked before its first CUDA call: the parent's files are not its own.
             config.for_forked_child(pid);
         }
-        Allocator::new(config)
+        Allocator::new(config, super::caller::object_of)
     })
 }
 

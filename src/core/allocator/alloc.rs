@@ -84,8 +84,11 @@ impl Allocator {
                     }
                 };
                 let in_use = self.stats.pooled_alloc(device.ordinal, device.host, size);
+                if !device.host {
+                    self.libraries.allocated(caller, size);
+                }
                 let op = if device.host { Op::HostAlloc } else { Op::Alloc };
-                self.observe(driver, &device, op, size, ptr, in_use);
+                self.observe(driver, &device, op, size, ptr, in_use, caller);
                 Ok(ptr)
             }
             Err(AllocFailure::OutOfMemory) => Err(Passthrough::PoolOutOfMemory.into()),

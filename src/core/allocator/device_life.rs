@@ -196,6 +196,9 @@ impl Allocator {
             let bytes = live.iter().filter(|(_, b)| b.memory.kind() == kind).map(|(_, b)| b.size).sum();
             self.stats.no_longer_in_use(ordinal, kind == MemoryKind::Host, bytes);
         }
+        for (_, block) in live.iter().filter(|(_, b)| !b.memory.is_host()) {
+            self.libraries.freed(block.caller, block.size);
+        }
         lock(&self.peer_grants).retain(|&(_, accessor)| accessor != ordinal);
         let device = removed?;
         write(&self.streams).forget_context(device.context);

@@ -222,7 +222,7 @@ impl Allocator {
     /// ones returned, with no host wait, then the decay's checks that are
     /// due. Nothing while a capture is in progress (a join records on the
     /// legacy stream and on the program's).
-    fn reclaim_all(&self, driver: &impl Gpu) -> Activity {
+    pub(crate) fn reclaim_all(&self, driver: &impl Gpu) -> Activity {
         let activity = self.reclaim_frees(driver);
         self.decay_all(driver);
         activity

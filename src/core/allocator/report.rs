@@ -17,14 +17,25 @@ impl Allocator {
     /// Counts a pool block leaving the program's hands.
     pub(super) fn freed(&self, driver: &impl Gpu, op: Op, ptr: u64, block: Block) {
         let in_use = self.stats.pooled_free(block.device, block.memory.is_host(), block.size);
+        if !block.memory.is_host() {
+            self.libraries.freed(block.caller, block.size);
+            if let Some(events) = &self.events {
+                events.record(op, block.device, block.size, ptr, block.caller);
+            }
+        }
         if let (Some(trace), Some(device)) = (&self.trace, self.pool_of(&block)) {
             trace.record(block.device, op, block.size, ptr, in_use, device.reserved(driver));
         }
     }
 
-    /// After a pool allocation: the trace, and the reserved peak behind a new
-    /// in-use peak (kept for when the pool cannot be asked at exit).
-    pub(super) fn observe(&self, driver: &impl Gpu, device: &Device, op: Op, size: u64, ptr: u64, in_use: u64) {
+    /// After a pool allocation for `caller`: the last events, the trace, and
+    /// the reserved peak behind a new in-use peak (kept for when the pool
+    /// cannot be asked at exit).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn observe(&self, driver: &impl Gpu, device: &Device, op: Op, size: u64, ptr: u64, in_use: u64, caller: usize) {
+        if let (Some(events), false) = (&self.events, device.host) {
+            events.record(op, device.ordinal, size, ptr, caller);
+        }
         if !self.reporting() {
             return;
         }
@@ -77,7 +88,11 @@ impl Allocator {
             })
         };
         let rows_lost = self.trace.as_ref().map_or(0, Trace::rows_lost);
-        let table = || self.stats.report(std::process::id(), rows_lost, peaks);
+        let table = || {
+            let mut table = self.stats.report(std::process::id(), rows_lost, peaks);
+            self.libraries.report(&mut table);
+            table
+        };
         match &self.config.stats {
             StatsOutput::Off => {}
             StatsOutput::Stderr => eprint!("{}", table()),

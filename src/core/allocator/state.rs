@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::core::config::Config;
 use crate::core::device::pool::Device;
+use crate::core::events::Events;
+use crate::core::libraries::Libraries;
 use crate::core::locks::ReadMostly;
 use crate::core::output;
 use crate::core::pool_slots::PoolSlots;
@@ -20,6 +22,10 @@ use crate::cuda::gpu::Context;
 pub struct Allocator {
     pub config: Config,
     pub stats: Stats,
+    /// Device memory by the library that allocated it.
+    pub libraries: Libraries,
+    /// The last pool events, for the out-of-memory snapshot (`SOMA_SNAPSHOT`).
+    pub events: Option<Events>,
     pub(super) trace: Option<Trace>,
     /// This process's pid if it is a forked child, else 0: a child writes its
     /// statistics and trace to files of its own.
@@ -56,15 +62,19 @@ pub struct Allocator {
 
 impl Allocator {
     /// An allocator with no device seen yet. `config.trace` names the trace
-    /// file, if any (a file that cannot be written is warned of and skipped).
-    pub fn new(config: Config) -> Allocator {
+    /// file, if any (a file that cannot be written is warned of and skipped);
+    /// `object_of` names the loaded object holding a code address.
+    pub fn new(config: Config, object_of: fn(usize) -> Option<String>) -> Allocator {
         let trace = config.trace.as_deref().and_then(|path| {
             let warn = |e| output::warn(format_args!("cannot write the trace to {path}: {e}; no trace is written"));
             Trace::create(path).map_err(warn).ok()
         });
+        let events = config.snapshot.is_some().then(Events::default);
         Allocator {
             config,
             stats: Stats::default(),
+            libraries: Libraries::new(object_of),
+            events,
             trace,
             forked_child: AtomicU32::new(0),
             map: PointerMap::default(),
@@ -81,6 +91,13 @@ impl Allocator {
             shared_blocks: SharedBlocks::default(),
             reclaimer: Reclaimer::default(),
         }
+    }
+
+    /// Every live block of device memory the pools handed out, by address.
+    pub fn live_device_blocks(&self) -> Vec<(u64, Block)> {
+        let mut live = self.map.live_blocks();
+        live.retain(|(_, block)| !block.memory.is_host());
+        live
     }
 
     /// The live pool block at `ptr`, if any.

@@ -328,7 +328,8 @@ impl Device {
     /// The non-blocking stream `made` is new: from now on frees are joined,
     /// and it must not use a block reused on the legacy stream before the
     /// work that block was freed after has finished. If blocks were reused
-    /// there, the legacy stream's work so far is marked, and the host must
+    /// there (or may be: the program freed one itself since the host last
+    /// waited for a mark), the legacy stream's work so far is marked, and the host must
     /// wait for the mark (`wait_for_new_stream`; the real `cudaFree` had
     /// waited for the part of it before each free), so that the new stream
     /// starts idle, as it would without the shim. While a capture forbids
@@ -343,9 +344,12 @@ impl Device {
     /// not cover. Called with the stream registry locked for writing; the
     /// host waits after it is released.
     pub fn leave_legacy_stream(&self, driver: &impl Gpu, made: Stream, capturing: bool) -> CuResult<HostWait> {
-        // Both swapped: once the host has waited for the mark, every block
-        // reused on the legacy stream so far has passed its free.
-        let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed) | self.reusing_barrier_frees.swap(false, Relaxed);
+        // All swapped: once the host has waited for the mark, every block
+        // reused on the legacy stream so far, or that may be (freed by the
+        // program itself), has passed its free.
+        let was_on_legacy = self.on_legacy_stream.swap(false, Relaxed)
+            | self.reusing_barrier_frees.swap(false, Relaxed)
+            | self.program_freed_since_mark.swap(false, Relaxed);
         let mark_awaited = self.mark_waiters.load(Relaxed) > 0;
         if !was_on_legacy && !mark_awaited && !self.mark_waited_on_gpu_only.load(Relaxed) {
             return Ok(HostWait::Nothing); // frees were already joined: none was reused on the legacy stream
@@ -418,9 +422,12 @@ impl Device {
     /// work issued before it, as they wait for the shim's own frees there.
     /// Whether allocations go on the legacy stream may change before the
     /// free is issued (a barrier, a `cudaFree` in barrier order), so they
-    /// wait whatever it is now. (A stream made later waits anyway.) The
-    /// device's context must be current, and no capture in progress.
+    /// wait whatever it is now; so does a stream made later, before it is
+    /// returned (`leave_legacy_stream`: allocations may move to the legacy
+    /// stream in between, where the pool hands the block out). The device's
+    /// context must be current, and no capture in progress.
     pub fn order_before_program_free(&self, driver: &impl Gpu, after: &Predecessors) -> CuResult<()> {
+        self.program_freed_since_mark.store(true, Relaxed);
         if after.nonblocking.is_empty() {
             return Ok(());
         }
@@ -432,11 +439,14 @@ impl Device {
     /// when the legacy stream must not be touched: the real free went to the
     /// pool, which may hand the block out on the legacy stream in that
     /// stream's order, so the ordering `order_before_program_free` gives is
-    /// owed until the last capture ends. Allocations pass through to the real
-    /// allocator while a capture is in progress, so none is handed the block
-    /// before then.
+    /// owed until the last capture ends. No allocation is handed the block
+    /// before then: during a capture an allocation goes to the real allocator,
+    /// or (one that began before the capture did) to the pool on the pool
+    /// stream, where a block freed on another stream is reused only once its
+    /// free has passed (or after a host wait, with internal dependencies).
     pub fn owe_program_free_order(&self) {
         self.program_free_order_owed.store(true, Relaxed);
+        self.program_freed_since_mark.store(true, Relaxed);
     }
 
     /// Whether an ordering was owed (`owe_program_free_order`); it is paid by

@@ -61,6 +61,11 @@ pub struct Device {
     /// while a capture was in progress: the ordering that free needs
     /// (`order_before_program_free`) is owed until the last capture ends.
     pub(super) program_free_order_owed: AtomicBool,
+    /// The program freed one of the pool's blocks itself since the host last
+    /// waited for the legacy stream's mark: the pool may hand it out on the
+    /// legacy stream while the work before that free runs, so a non-blocking
+    /// stream made now must wait for that work (`leave_legacy_stream`).
+    pub(super) program_freed_since_mark: AtomicBool,
     pub(super) order: FreeOrder,
     pub(super) internal_deps: bool,
     pub(super) pending_free_limit: u64,
@@ -149,6 +154,7 @@ impl Device {
             mark_waited_on_gpu_only: AtomicBool::new(false),
             mark_waiters: AtomicUsize::new(0),
             program_free_order_owed: AtomicBool::new(false),
+            program_freed_since_mark: AtomicBool::new(false),
             // The CPU writes a host block at once: only the host's own
             // observation of a passed free makes it safe to hand out.
             order: if host { FreeOrder::Join } else { config.free_order },
