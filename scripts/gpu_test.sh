@@ -28,6 +28,9 @@
 #   GPU_TEST_TIMEOUT=600    seconds allowed to one run of one program
 #   GPU_TEST_SANITIZER=0    leave the compute-sanitizer phase out (counted as skipped)
 #   GPU_TEST_ONLY="a b"     run only these tests (names as printed)
+#   GPU_TEST_VARIANTS="static driver"  only these builds' tests (default all three;
+#                           the checks that are no C program count as shared):
+#                           lanes of one machine can split the suite by build
 #   OUT=dir                 where gpu-test.log goes (default build/gpu)
 set -uo pipefail
 # A relative shim path is taken from the caller's directory.
@@ -89,6 +92,12 @@ say "# nvcc: $("$NVCC" --version | tail -n 1); arch $ARCH"
 nvidia-smi -L 2>/dev/null | sed 's/^/# /' | tee -a "$LOG"
 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 | sed 's/^/# driver /' | tee -a "$LOG"
 
+# The suite's shim processes talk over sockets of their own (SOMA_SOCKET_DIR):
+# suites beside it (another lane's) are neither asked for memory nor listed.
+SOCKETS=$(mktemp -d /tmp/somashim-gpu-XXXXXX) || exit 2
+trap 'rm -rf "$SOCKETS"' EXIT
+export SOMA_SOCKET_DIR=${SOMA_SOCKET_DIR:-$SOCKETS/all}
+
 PASS=0 FAIL=0 SKIP=0
 FAILED_NAMES=()
 pass() { PASS=$((PASS + 1)); say "PASS $1${2:+ ($2)}"; }
@@ -98,7 +107,12 @@ fail() {
   say "FAIL $1: $2"
 }
 skip() { SKIP=$((SKIP + 1)); say "SKIP $1 ($2)"; }
+# A test's build: #static and #driver name theirs; every other check is the shared one's.
+VARIANTS=" ${GPU_TEST_VARIANTS:-shared static driver} "
 wanted() {
+  local variant=shared
+  case $1 in *#static) variant=static ;; *#driver) variant=driver ;; esac
+  [[ $VARIANTS == *" $variant "* ]] || return 1
   [ -z "${GPU_TEST_ONLY:-}" ] && return 0
   local w
   for w in $GPU_TEST_ONLY; do [ "$w" = "$1" ] && return 0; done

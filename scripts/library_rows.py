@@ -11,7 +11,7 @@ or 'wrong: ...' with the rows read."""
 import re
 import sys
 
-UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+UNITS = {"MiB": 1 << 20}
 ROW = re.compile(r"^  (\S+)\s+([\d.]+ \w+)\s+([\d.]+ \w+)\s+(\d+)\s+(.*)$")
 
 

@@ -136,11 +136,18 @@ def picture(snap, path):
     other = max(total - snap["device_free"] / gib - bottom, 0)
     held.bar(0, other, bottom=bottom, color="white", edgecolor="grey", hatch="..", label="held past the shim")
     held.axhline(total, color="black", linewidth=1)
-    held.bar(1, snap["requested"] / gib, color="red", alpha=0.6, label="requested")
+    held.text(-0.4, total, f" the device: {human(snap['device_total'])}", va="bottom", fontsize=8)
+    asked = snap["requested"] / gib
+    if asked > 1.2 * total:
+        # Far beyond the device: drawn cut, its size written on it.
+        held.bar(1, 1.15 * total, color="red", alpha=0.6, hatch="//", label="requested (cut)")
+        held.text(1, 1.15 * total, human(snap["requested"]), ha="center", va="bottom", fontsize=8)
+    else:
+        held.bar(1, asked, color="red", alpha=0.6, label="requested")
     held.set_xticks([0, 1], ["on the device", "asked for"])
     held.set_ylabel("GiB")
     held.set_title(f"device {snap['device']} at the out-of-memory")
-    held.legend(fontsize=7, loc="upper right")
+    held.legend(fontsize=7, loc="center left", bbox_to_anchor=(0.0, 0.55))
     in_use = {}
     series = {name: ([], []) for name in libraries}
     sizes = {}

@@ -36,7 +36,7 @@ fail() {
 
 VARS=(LD_PRELOAD SOMA_STATS SOMA_TRACE SOMA_RELEASE_THRESHOLD SOMA_POOL SOMA_MIN_BYTES
   SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_LEGACY_CACHE SOMA_TRACK_WORK SOMA_SMALL_BLOCKS SOMA_MEMORY_LIMIT
-  SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE SOMA_DECAY_MS SOMA_NEIGHBOURS)
+  SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE SOMA_DECAY_MS SOMA_NEIGHBOURS SOMA_SNAPSHOT)
 
 # --- fixtures ---------------------------------------------------------------
 echo 'int somashim_fake(void) { return 0; }' >"$TMP/empty.c"
@@ -67,7 +67,7 @@ cat >"$PROBE" <<'EOF'
 #!/usr/bin/env bash
 for v in LD_PRELOAD SOMA_STATS SOMA_TRACE SOMA_RELEASE_THRESHOLD SOMA_POOL SOMA_MIN_BYTES \
   SOMA_MAX_BYTES SOMA_FREE_SYNC SOMA_FREE_ORDER SOMA_PENDING_FREE_LIMIT SOMA_LEGACY_CACHE SOMA_TRACK_WORK SOMA_SMALL_BLOCKS SOMA_MEMORY_LIMIT \
-  SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE SOMA_DECAY_MS SOMA_NEIGHBOURS; do
+  SOMA_HOST_POOL SOMA_MEMINFO SOMA_PASSTHROUGH_CALLERS SOMA_LOG SOMA_DISABLE SOMA_DECAY_MS SOMA_NEIGHBOURS SOMA_SNAPSHOT; do
   if [ -n "${!v+x}" ]; then printf '%s=%s\n' "$v" "${!v}"; else printf '%s<unset>\n' "$v"; fi
 done
 printf 'ARGC=%d\n' "$#"
@@ -158,6 +158,7 @@ expect_status() {
 # option | variable | value
 OPTS=(
   "--trace|SOMA_TRACE|/tmp/pool trace.csv"
+  "--snapshot|SOMA_SNAPSHOT|/tmp/oom snapshot.json"
   "--threshold|SOMA_RELEASE_THRESHOLD|4GiB"
   "--pool|SOMA_POOL|default"
   "--min-bytes|SOMA_MIN_BYTES|1K"
@@ -193,6 +194,8 @@ run "$SOMARUN" --lib "$LIB_A" --trace t.csv -- "$PROBE"
 expect_vars "option --trace FILE without a / gets ./" "SOMA_TRACE=./t.csv" "LD_PRELOAD=$LIB_A"
 run "$SOMARUN" --lib "$LIB_A" --trace=out/t.csv -- "$PROBE"
 expect_vars "option --trace=DIR/FILE kept as given" "SOMA_TRACE=out/t.csv" "LD_PRELOAD=$LIB_A"
+run "$SOMARUN" --lib "$LIB_A" --snapshot oom.json -- "$PROBE"
+expect_vars "option --snapshot FILE without a / gets ./" "SOMA_SNAPSHOT=./oom.json" "LD_PRELOAD=$LIB_A"
 
 run "$SOMARUN" --lib "$LIB_A" --stats -- "$PROBE"
 expect_vars "option --stats" "SOMA_STATS=1" "LD_PRELOAD=$LIB_A"

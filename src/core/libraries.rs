@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use super::locks::lock;
-use super::stats::{add_saturating, human_bytes, raise_peak};
+use super::stats::{add_saturating, raise_peak};
 
 /// Call sites remembered; allocations from sites past these count as the
 /// unknown caller's.
@@ -134,16 +134,8 @@ impl Libraries {
         let _ = writeln!(out, "device memory by library (the object that called the allocation)");
         let _ = writeln!(out, "  {:<28}{:>12}{:>12}{:>13}  {}", "library", "in use", "peak", "allocations", "passed through");
         for f in figures {
-            let passed = if f.passed_calls > 0 { format!("{} ({})", f.passed_calls, human_bytes(f.passed_bytes)) } else { "0".into() };
-            let _ = writeln!(
-                out,
-                "  {:<28}{:>12}{:>12}{:>13}  {}",
-                f.name,
-                human_bytes(f.in_use),
-                human_bytes(f.peak),
-                f.allocations,
-                passed
-            );
+            let passed = if f.passed_calls > 0 { format!("{} ({})", f.passed_calls, mib(f.passed_bytes)) } else { "0".into() };
+            let _ = writeln!(out, "  {:<28}{:>12}{:>12}{:>13}  {}", f.name, mib(f.in_use), mib(f.peak), f.allocations, passed);
         }
     }
 
@@ -193,6 +185,11 @@ impl Libraries {
         names.push(name);
         names.len() - 1
     }
+}
+
+/// In MiB, to a tenth: one unit down the column, libraries compared at a glance.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
 #[cfg(test)]
