@@ -100,7 +100,8 @@ def usage(path):
 
 def libraries(path):
     """The libraries that allocated device memory in the process, the most
-    in use first: name, in use, peak, allocations."""
+    in use first: name, in use, peak, allocations. (The process lists them in
+    the order it first saw them, which only grows: none is missed or repeated.)"""
     found = []
     for index in range(64):
         reply = ask(path, struct.pack("<II", LIBRARY, index).ljust(REQUEST_LEN, b"\0"))
@@ -110,7 +111,7 @@ def libraries(path):
         peak, allocations = struct.unpack_from("<2Q", data)
         name = data[16:64].split(b"\0", 1)[0].decode(errors="replace")
         found.append({"name": name, "in_use": in_use, "peak": peak, "allocations": allocations})
-    return found
+    return sorted(found, key=lambda lib: (-lib["in_use"], -lib["peak"], lib["name"]))
 
 
 def human(n):

@@ -430,9 +430,9 @@ pub enum ConfigError {
     UnknownVariable { name: String, value: String, closest: &'static str },
     /// `SOMA_MIN_BYTES` above `SOMA_MAX_BYTES`: nothing would be pooled.
     EmptySizeRange { min: String, max: String },
-    /// `SOMA_STATS` and `SOMA_TRACE` naming one file: the table written at
-    /// exit would replace the trace.
-    SameFile { stats: String, trace: String },
+    /// Two of the output files (`SOMA_STATS`, `SOMA_TRACE`, `SOMA_SNAPSHOT`)
+    /// naming one file: one would replace the other. Each: the variable and its value.
+    SameFile { first: (&'static str, String), second: (&'static str, String) },
 }
 
 impl fmt::Display for ConfigError {
@@ -454,10 +454,10 @@ impl fmt::Display for ConfigError {
                 "somashim: SOMA_MIN_BYTES=\"{min}\" is more than SOMA_MAX_BYTES=\"{max}\", so nothing would be \
                  pooled; accepted: SOMA_MIN_BYTES at most SOMA_MAX_BYTES (SOMA_DISABLE=1 passes every call through)"
             ),
-            ConfigError::SameFile { stats, trace } => write!(
+            ConfigError::SameFile { first: (a, a_value), second: (b, b_value) } => write!(
                 f,
-                "somashim: SOMA_STATS=\"{stats}\" and SOMA_TRACE=\"{trace}\" name the same file, so the table \
-                 written at exit would replace the trace; accepted: two different files"
+                "somashim: {a}=\"{a_value}\" and {b}=\"{b_value}\" name the same file, so one would replace \
+                 the other; accepted: two different files"
             ),
         }
     }
@@ -528,9 +528,16 @@ impl Config {
                 max: text("SOMA_MAX_BYTES").unwrap_or_default(),
             });
         }
-        if let (StatsOutput::File(stats), Some(trace)) = (&config.stats, &config.trace) {
-            if output::same_file(stats, trace) {
-                return Err(ConfigError::SameFile { stats: shown(OsStr::new(stats)), trace: shown(OsStr::new(trace)) });
+        let stats = match &config.stats {
+            StatsOutput::File(path) => Some(path),
+            _ => None,
+        };
+        let outputs = [("SOMA_STATS", stats), ("SOMA_TRACE", config.trace.as_ref()), ("SOMA_SNAPSHOT", config.snapshot.as_ref())];
+        let named: Vec<(&'static str, &String)> = outputs.into_iter().filter_map(|(name, path)| Some((name, path?))).collect();
+        for (i, &(a, a_path)) in named.iter().enumerate() {
+            if let Some(&(b, b_path)) = named[i + 1..].iter().find(|(_, b_path)| output::same_file(a_path, b_path)) {
+                let value = |path: &String| shown(OsStr::new(path));
+                return Err(ConfigError::SameFile { first: (a, value(a_path)), second: (b, value(b_path)) });
             }
         }
         Ok((config, others))
@@ -569,10 +576,10 @@ impl Config {
     }
 
     /// In a process forked from the one that loaded the shim, before it
-    /// reports anything: its trace and statistics files are `<path>.<pid>`,
-    /// never the parent's.
+    /// reports anything: its trace, statistics and snapshot files are
+    /// `<path>.<pid>`, never the parent's.
     pub fn for_forked_child(&mut self, pid: u32) {
-        if let Some(path) = &mut self.trace {
+        for path in [&mut self.trace, &mut self.snapshot].into_iter().flatten() {
             *path = output::in_child(path, pid);
         }
         if let StatsOutput::File(path) = &mut self.stats {
@@ -915,14 +922,28 @@ mod tests {
     }
 
     #[test]
+    fn a_forked_child_writes_files_of_its_own() {
+        let settings = [("SOMA_STATS", "/tmp/s.txt"), ("SOMA_TRACE", "/tmp/t.csv"), ("SOMA_SNAPSHOT", "/tmp/o.json")];
+        let mut child = config(&settings).unwrap();
+        child.for_forked_child(42);
+        assert_eq!(child.stats, StatsOutput::File("/tmp/s.txt.42".into()));
+        assert_eq!((child.trace.as_deref(), child.snapshot.as_deref()), (Some("/tmp/t.csv.42"), Some("/tmp/o.json.42")));
+    }
+
+    #[test]
     fn stats_and_trace_in_one_file_is_an_error() {
         let e = config(&[("SOMA_STATS", "/tmp/soma.out"), ("SOMA_TRACE", "/tmp//soma.out")]).unwrap_err();
-        assert_eq!(e, ConfigError::SameFile { stats: "/tmp/soma.out".into(), trace: "/tmp//soma.out".into() });
+        let first = ("SOMA_STATS", "/tmp/soma.out".into());
+        assert_eq!(e, ConfigError::SameFile { first, second: ("SOMA_TRACE", "/tmp//soma.out".into()) });
         let message = e.to_string();
         assert!(message.contains("SOMA_STATS=\"/tmp/soma.out\" and SOMA_TRACE=\"/tmp//soma.out\""), "{message}");
         assert!(message.contains("accepted: two different files"), "{message}");
         assert!(config(&[("SOMA_STATS", "/tmp/soma.stats"), ("SOMA_TRACE", "/tmp/soma.csv")]).is_ok());
         assert!(config(&[("SOMA_STATS", "1"), ("SOMA_TRACE", "/tmp/soma.csv")]).is_ok());
+        for other in ["SOMA_STATS", "SOMA_TRACE"] {
+            let e = config(&[(other, "/tmp/x.out"), ("SOMA_SNAPSHOT", "/tmp/./x.out")]).unwrap_err();
+            assert_eq!(e, ConfigError::SameFile { first: (other, "/tmp/x.out".into()), second: ("SOMA_SNAPSHOT", "/tmp/./x.out".into()) });
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The last pool events, kept in memory for the out-of-memory snapshot
 //! (`SOMA_SNAPSHOT`): a ring of the newest `CAPACITY` allocations and frees
 //! of device memory, with the call site of each. Kept only when a snapshot
-//! is asked for (one short lock per allocation and free then).
+//! is asked for: one short lock, the process's, per allocation and free then.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -46,7 +46,7 @@ impl Events {
     }
 
     /// The events kept, oldest first.
-    pub fn newest(&self) -> Vec<Event> {
+    pub fn kept(&self) -> Vec<Event> {
         lock(&self.ring).iter().copied().collect()
     }
 }
@@ -61,7 +61,7 @@ mod tests {
         for i in 0..CAPACITY as u64 + 10 {
             events.record(Op::Alloc, 0, i, 0x1000 + i, 7);
         }
-        let kept = events.newest();
+        let kept = events.kept();
         assert_eq!(kept.len(), CAPACITY);
         assert_eq!((kept[0].size, kept[CAPACITY - 1].size), (10, CAPACITY as u64 + 9));
         assert!(kept.windows(2).all(|pair| pair[0].time_us <= pair[1].time_us));

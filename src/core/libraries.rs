@@ -14,8 +14,8 @@ use std::sync::Mutex;
 use super::locks::lock;
 use super::stats::{add_saturating, raise_peak};
 
-/// Call sites remembered; allocations from sites past these count as the
-/// unknown caller's.
+/// Call sites remembered (a power of two); allocations from sites past
+/// these count as the unknown caller's.
 const SITES: usize = 4096;
 /// Slots a site is looked for in before it counts as unknown.
 const PROBES: usize = 32;
@@ -23,10 +23,13 @@ const PROBES: usize = 32;
 const LIBRARIES: usize = 64;
 const UNKNOWN: usize = 0;
 const OTHER: usize = LIBRARIES - 1;
+const OTHER_NAME: &str = "(other libraries)";
 const UNRESOLVED: u32 = u32::MAX;
 
-/// One library's figures.
+/// One library's figures, on a cache line of their own: threads allocating
+/// for different libraries do not contend.
 #[derive(Default)]
+#[repr(align(64))]
 struct Counters {
     in_use: AtomicU64,
     peak: AtomicU64,
@@ -99,14 +102,15 @@ impl Libraries {
     /// The name of the library of call site `caller`.
     pub fn name_of(&self, caller: usize) -> String {
         let index = self.library_of(caller);
-        lock(&self.names).get(index).cloned().unwrap_or_else(|| "(other libraries)".to_string())
+        lock(&self.names).get(index).cloned().unwrap_or_else(|| OTHER_NAME.to_string())
     }
 
-    /// Every library that allocated, the most in use first (then the highest peak).
+    /// Every library that allocated, in the order they were first seen (a
+    /// library keeps its place: the list only grows).
     pub fn figures(&self) -> Vec<LibraryFigures> {
         let names = lock(&self.names).clone();
-        let name_of = |index: usize| names.get(index).cloned().unwrap_or_else(|| "(other libraries)".to_string());
-        let mut figures: Vec<LibraryFigures> = (0..LIBRARIES)
+        let name_of = |index: usize| names.get(index).cloned().unwrap_or_else(|| OTHER_NAME.to_string());
+        (0..LIBRARIES)
             .filter(|&index| index < names.len() || index == OTHER)
             .map(|index| {
                 let c = &self.counters[index];
@@ -120,14 +124,19 @@ impl Libraries {
                 }
             })
             .filter(|f| f.allocations > 0 || f.passed_calls > 0)
-            .collect();
+            .collect()
+    }
+
+    /// Every library that allocated, the most in use first (then the highest peak).
+    pub fn figures_by_use(&self) -> Vec<LibraryFigures> {
+        let mut figures = self.figures();
         figures.sort_by(|a, b| (b.in_use, b.peak, &a.name).cmp(&(a.in_use, a.peak, &b.name)));
         figures
     }
 
     /// The `SOMA_STATS` section: one row a library.
     pub fn report(&self, out: &mut String) {
-        let figures = self.figures();
+        let figures = self.figures_by_use();
         if figures.is_empty() {
             return;
         }
@@ -146,8 +155,9 @@ impl Libraries {
         if caller == 0 {
             return UNKNOWN;
         }
-        // Fibonacci hashing: return addresses differ in their low bits.
-        let start = (caller as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52;
+        // Fibonacci hashing (the top bits, as many as index SITES): return
+        // addresses differ in their low bits.
+        let start = (caller as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SITES.trailing_zeros());
         for probe in 0..PROBES {
             let site = &self.sites[(start as usize + probe) % SITES];
             let seen = match site.caller.load(Relaxed) {
@@ -223,7 +233,7 @@ mod tests {
         libraries.passed_through(0x2010, 1 << 20);
         libraries.allocated(0x9999, 5); // in no object
         libraries.allocated(0, 5); // no return address
-        let figures = libraries.figures();
+        let figures = libraries.figures_by_use();
         let torch = figures_of(&figures, "libtorch_cuda.so");
         assert_eq!((torch.in_use, torch.peak, torch.allocations), (80, 150, 3));
         let nccl = figures_of(&figures, "libnccl.so.2");
@@ -232,6 +242,8 @@ mod tests {
         assert_eq!(figures_of(&figures, "(unknown caller)").allocations, 2);
         let order: Vec<&str> = figures.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(order, ["libtorch_cuda.so", "(unknown caller)", "libnccl.so.2", "app"], "most in use first");
+        let seen: Vec<String> = libraries.figures().into_iter().map(|f| f.name).collect();
+        assert_eq!(seen, ["(unknown caller)", "libtorch_cuda.so", "libnccl.so.2", "app"], "in the order first seen");
         let mut table = String::new();
         libraries.report(&mut table);
         assert!(table.lines().nth(2).is_some_and(|row| row.contains("libtorch_cuda.so")), "{table}");

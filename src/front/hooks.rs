@@ -134,7 +134,8 @@ fn answered_by_real(allocator: &Allocator, reason: Passthrough, bytes: u64, call
     let rc = real();
     if rc == SUCCESS {
         arm_process_handlers();
-        if let Some(caller) = caller {
+        // SOMA_DISABLE=1: every call untouched, no caller looked up either.
+        if let (Some(caller), false) = (caller, allocator.config.disable) {
             allocator.libraries.passed_through(caller, bytes);
         }
     }

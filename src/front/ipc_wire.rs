@@ -20,7 +20,8 @@
 //!   six u64s: in use, cached, freed and not yet reusable, reserved, the
 //!   peak in use, given back so far (`encode_usage`);
 //! - op 5, a library: the 64 bytes begin with an index (u32) into the
-//!   libraries that allocated device memory, the most in use first; the
+//!   libraries that allocated device memory, in the order the process first
+//!   saw them (a list that only grows); the
 //!   reply, refused past the last, has the bytes in use (u64), then the peak
 //!   and the allocations (two u64s) and the library's file name (48 bytes,
 //!   NUL-padded, cut to fit) (`encode_library`).

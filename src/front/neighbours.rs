@@ -96,14 +96,16 @@ pub fn ask_to_give_back(uuid: [u8; 16], wanted: u64) -> Answers {
 }
 
 /// What every other shim process of this user holds on the device `uuid`:
-/// its pid and its pool's figures (`PoolUsage::figures`). Each is asked with
-/// a bound of `ASK_WAIT` a request; one that does not answer is left out.
+/// its pid and its pool's figures (`PoolUsage::figures`). All of them are
+/// asked within `ASK_WAIT`, one request at a time; one that does not answer
+/// by then is left out, and a dead one's socket is removed.
 pub fn usage_on(uuid: [u8; 16]) -> Vec<(u32, [u64; 6])> {
+    let deadline = Instant::now() + ASK_WAIT;
     let mut found = Vec::new();
     for (pid, path) in peers() {
         // The device pools come first, a pinned host pool after them: at most one a device.
         for index in 0..64 {
-            let Some(reply) = ask_once(&path, &encode_usage_request(index)) else { break };
+            let Some(reply) = ask_once(&path, &encode_usage_request(index), deadline) else { break };
             if reply.status != 0 || reply.pool >> 32 != 0 {
                 break;
             }
@@ -119,11 +121,21 @@ pub fn usage_on(uuid: [u8; 16]) -> Vec<(u32, [u64; 6])> {
     found
 }
 
-/// One request over a connection of its own, and its reply (`ASK_WAIT` at most).
-fn ask_once(path: &std::path::Path, request: &[u8; REQUEST_LEN]) -> Option<Reply> {
-    let mut connection = connect_at_once(path).ok()?;
+/// One request over a connection of its own, and its reply, if it came
+/// before `deadline`.
+fn ask_once(path: &std::path::Path, request: &[u8; REQUEST_LEN], deadline: Instant) -> Option<Reply> {
+    let left = deadline.checked_duration_since(Instant::now()).filter(|left| !left.is_zero())?;
+    let mut connection = match connect_at_once(path) {
+        Ok(connection) => connection,
+        Err(e) => {
+            if e.raw_os_error() == Some(libc::ECONNREFUSED) {
+                remove_stale_socket(path);
+            }
+            return None;
+        }
+    };
     connection.set_nonblocking(false).ok()?;
-    connection.set_read_timeout(Some(ASK_WAIT)).ok()?;
+    connection.set_read_timeout(Some(left)).ok()?;
     send_all(&connection, request).ok()?;
     let mut bytes = [0u8; REPLY_LEN];
     connection.read_exact(&mut bytes).ok()?;

@@ -1,7 +1,8 @@
 //! The out-of-memory snapshot (`SOMA_SNAPSHOT`): at the first allocation of
 //! device memory the program is told is out of memory, the shim writes what
 //! held the device's memory, as JSON: every live block it handed out with
-//! the library that allocated it, each library's figures, its pools, the
+//! the library that allocated it, each library's figures (this process's,
+//! every device together), its pools, the
 //! device's free memory, what the user's other shim processes hold on the
 //! device, and the last pool events. `scripts/snapshot_viz.py` prints its
 //! summary and turns it into the file PyTorch's memory viewer opens.
@@ -15,21 +16,26 @@ use crate::core::allocator::state::Allocator;
 use crate::core::output;
 use crate::cuda::driver;
 use crate::cuda::gpu::Gpu;
-use crate::cuda::real::driver as cu;
+use crate::cuda::real::{driver as cu, SUCCESS};
 
 /// The snapshot is of the first out-of-memory only: the one that explains.
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// The program is about to be told that an allocation of `requested` bytes
 /// of device memory is out of memory: the snapshot, if asked for and not
-/// yet taken. The device's context is current.
+/// yet taken. The first, whatever its size (a request larger than the device
+/// is an answer too, as a shape gone wrong): a program that probes sizes past
+/// the device spends it there. The device's context is current.
 pub fn out_of_memory(allocator: &Allocator, requested: u64) {
-    let Some(path) = &allocator.config.snapshot else { return };
+    let Some(path) = allocator.snapshot_path() else { return };
     if TAKEN.swap(true, Relaxed) {
         return;
     }
-    let text = snapshot(allocator, requested);
-    let written = output::create(path).and_then(|mut opened| {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: two out-pointers to locals; the device's context is current.
+    let known = unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) } == SUCCESS;
+    let text = snapshot(allocator, requested, known.then_some((free as u64, total as u64)));
+    let written = output::create(&path).and_then(|mut opened| {
         // A snapshot cut short is worse than none.
         opened.file.write_all(text.as_bytes()).inspect_err(|_| {
             let _ = opened.remove();
@@ -41,13 +47,13 @@ pub fn out_of_memory(allocator: &Allocator, requested: u64) {
     }
 }
 
-fn snapshot(allocator: &Allocator, requested: u64) -> String {
+/// The snapshot's JSON; `memory`: the device's free and total bytes, if the
+/// driver said (else both 0).
+fn snapshot(allocator: &Allocator, requested: u64, memory: Option<(u64, u64)>) -> String {
     let driver = driver::loaded();
     let device = driver.and_then(|d| d.current_device().ok()).unwrap_or(0);
-    let uuid = driver.and_then(|d| d.device_uuid(device).ok()).unwrap_or([0; 16]);
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: two out-pointers to locals; the device's context is current.
-    unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) };
+    let uuid = allocator.device_uuid(device).unwrap_or([0; 16]);
+    let (free, total) = memory.unwrap_or((0, 0));
     let command = std::fs::read("/proc/self/cmdline").unwrap_or_default();
     let command = String::from_utf8_lossy(&command).replace('\0', " ");
     let mut out = String::from("{\n");
@@ -76,7 +82,7 @@ fn snapshot(allocator: &Allocator, requested: u64) -> String {
 
     let libraries: Vec<String> = allocator
         .libraries
-        .figures()
+        .figures_by_use()
         .iter()
         .map(|f| {
             format!(
@@ -115,7 +121,7 @@ fn snapshot(allocator: &Allocator, requested: u64) -> String {
     let events: Vec<String> = allocator
         .events
         .as_ref()
-        .map(|events| events.newest())
+        .map(|events| events.kept())
         .unwrap_or_default()
         .iter()
         .map(|e| {

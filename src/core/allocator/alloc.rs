@@ -68,6 +68,11 @@ impl Allocator {
         let block = Block { device: device.ordinal, size, caller, memory };
         match self.serve(driver, &device, size) {
             Ok(served) => {
+                // Counted before the map has the block: a reset on another
+                // thread that takes it from the map uncounts it after.
+                if !device.host {
+                    self.libraries.allocated(caller, size);
+                }
                 let ptr = match served {
                     Served::Cached(ptr) => {
                         if !self.map.reissue(ptr, block) {
@@ -84,9 +89,6 @@ impl Allocator {
                     }
                 };
                 let in_use = self.stats.pooled_alloc(device.ordinal, device.host, size);
-                if !device.host {
-                    self.libraries.allocated(caller, size);
-                }
                 let op = if device.host { Op::HostAlloc } else { Op::Alloc };
                 self.observe(driver, &device, op, size, ptr, in_use, caller);
                 Ok(ptr)

@@ -50,6 +50,20 @@ impl Allocator {
         }
     }
 
+    /// Where the out-of-memory snapshot goes (`SOMA_SNAPSHOT`), if anywhere.
+    pub fn snapshot_path(&self) -> Option<String> {
+        self.config.snapshot.as_deref().map(|path| self.own_file(path))
+    }
+
+    /// An output file named `path`, as this process writes it: in a process
+    /// forked after the allocator was made, `<path>.<pid>`, never the parent's.
+    fn own_file(&self, path: &str) -> String {
+        match self.forked_child.load(Ordering::Relaxed) {
+            0 => path.to_string(),
+            pid => output::in_child(path, pid),
+        }
+    }
+
     /// Whether anything is reported at exit (`SOMA_STATS`, `SOMA_TRACE`).
     pub fn reporting(&self) -> bool {
         self.config.stats != StatsOutput::Off || self.trace.is_some()
@@ -97,10 +111,7 @@ impl Allocator {
             StatsOutput::Off => {}
             StatsOutput::Stderr => eprint!("{}", table()),
             StatsOutput::File(path) => {
-                let path = match self.forked_child.load(Ordering::Relaxed) {
-                    0 => path.clone(),
-                    pid => output::in_child(path, pid),
-                };
+                let path = self.own_file(path);
                 let table = table();
                 let written = output::create(&path).and_then(|mut opened| {
                     // A table cut short is worse than none: it goes, and stderr has it.
