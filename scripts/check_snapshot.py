@@ -5,11 +5,11 @@ snapshot_viz.py made of it, for the test suites:
     check_snapshot.py SNAPSHOT.json VIEWER.pickle [--largest LIBRARY]
 
 The snapshot must account for itself: its live blocks add up to what its pools
-and its libraries say is in use, each block names a library of the table, and
-the device had less free than was asked for. The viewer's file must be what
-torch.cuda._memory_viz reads: segments whose blocks fill them exactly (its
-`stats` asserts that), active blocks with a frame naming their library, and a
-device trace that ends with the out-of-memory. --largest: the library holding
+and its libraries say is in use, each block names a library of the table, and,
+at an out-of-memory, the device had less free than was asked for. The viewer's
+file must be what torch.cuda._memory_viz reads: segments whose blocks fill them
+exactly (its `stats` asserts that), active blocks with a frame naming their
+library, and a device trace that ends with the out-of-memory, if it was one. --largest: the library holding
 the most. Prints 'ok' and exits 0, or the problems and exits 1."""
 import json
 import pickle
@@ -33,7 +33,8 @@ def problems_of(snap, viewer, largest):
     by_library = sum(lib["in_use"] for lib in snap["libraries"])
     if by_library != sum(b["size"] for b in snap["blocks"]):
         problems.append(f"the libraries hold {by_library} bytes, the blocks {sum(b['size'] for b in snap['blocks'])}")
-    if not snap["requested"] > snap["device_free"]:
+    out_of_memory = snap["reason"] == "out of memory"
+    if out_of_memory and not snap["requested"] > snap["device_free"]:
         problems.append(f"{snap['requested']} bytes asked for with {snap['device_free']} free: no out-of-memory")
     if not snap["events"]:
         problems.append("no pool events")
@@ -49,8 +50,9 @@ def problems_of(snap, viewer, largest):
     if active != sum(b["size"] for b in snap["blocks"]):
         problems.append(f"the viewer's active blocks hold {active} bytes")
     trace = viewer["device_traces"][device]
-    if not trace or trace[-1]["action"] != "oom" or trace[-1]["size"] != snap["requested"]:
-        problems.append("the device trace does not end with the out-of-memory")
+    ends_in_oom = bool(trace) and trace[-1]["action"] == "oom" and trace[-1]["size"] == snap["requested"]
+    if ends_in_oom != out_of_memory:
+        problems.append("the device trace does not end with the out-of-memory" if out_of_memory else "an out-of-memory in a snapshot asked for")
     return problems
 
 

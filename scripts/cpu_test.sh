@@ -629,6 +629,7 @@ neighbours_case "SOMA_NEIGHBOURS=0: a process serving CUDA IPC does not give" ap
 with SOMA_NEIGHBOURS=0 it keeps its cache: yes"
 neighbours_case "somarun --ps and --trim" ps "somarun --ps lists the holder, with what it caches: yes
 somarun --ps names the library that allocated it: yes
+somarun --snapshot makes it write a snapshot: yes
 somarun --trim gives it back: yes
 then a native neighbour gets it at once: yes"
 

@@ -13,7 +13,7 @@ them accounts for.
   python -m torch.cuda._memory_viz trace_plot OUT -o out.html (or the memory_viz
   page). Each live block is a segment of its own (the pool's segments are the
   driver's), the pool's unused memory one more; every block and event has one frame,
-  the library that allocated it; the trace ends with the out-of-memory.
+  the library that allocated it; the trace ends with the out-of-memory, if it was one.
 --png OUT: a picture (needs matplotlib): the device's memory by holder at the
   out-of-memory, and the last pool events over time, one colour per library.
 
@@ -40,8 +40,11 @@ def own_pools(snap):
 def summary(snap):
     lines = []
     free, total = snap["device_free"], snap["device_total"]
-    lines.append(f"out of memory on device {snap['device']} ({snap['uuid']}): {human(snap['requested'])} requested, "
-                 f"{human(free)} free of {human(total)}")
+    if snap["reason"] == "out of memory":
+        lines.append(f"out of memory on device {snap['device']} ({snap['uuid']}): {human(snap['requested'])} requested, "
+                     f"{human(free)} free of {human(total)}")
+    else:
+        lines.append(f"device {snap['device']} ({snap['uuid']}), a snapshot asked for: {human(free)} free of {human(total)}")
     lines.append(f"this process: pid {snap['pid']}, {snap['command'][:100]}")
     reserved = 0
     for p in own_pools(snap):
@@ -106,8 +109,9 @@ def torch_snapshot(snap):
         traces[e["device"]].append({"action": action, "addr": e["address"], "size": e["size"], "stream": 0,
                                     "time_us": e["time_us"], "frames": frames(e["library"])})
         end = max(end, e["time_us"])
-    traces[device].append({"action": "oom", "addr": 0, "size": snap["requested"], "stream": 0, "time_us": end + 1,
-                           "device_free": snap["device_free"], "frames": []})
+    if snap["reason"] == "out of memory":
+        traces[device].append({"action": "oom", "addr": 0, "size": snap["requested"], "stream": 0, "time_us": end + 1,
+                               "device_free": snap["device_free"], "frames": []})
     return {"segments": segments, "device_traces": traces, "allocator_settings": {}}
 
 
@@ -170,7 +174,8 @@ def picture(snap, path):
     timeline.set_ylabel("GiB allocated in these events, by library")
     timeline.set_title("the last pool events")
     timeline.legend(fontsize=7)
-    fig.suptitle(f"out of memory: {human(snap['requested'])} asked for, {human(snap['device_free'])} free — pid {snap['pid']}")
+    what = f"out of memory: {human(snap['requested'])} asked for" if snap["reason"] == "out of memory" else "a snapshot asked for"
+    fig.suptitle(f"{what}, {human(snap['device_free'])} free — pid {snap['pid']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

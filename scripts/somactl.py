@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """somactl: the shim processes of this user on this node (`somarun --ps`,
-`somarun --trim PID` run it).
+`somarun --trim PID`, `somarun --snapshot PID` run it).
 
   somactl.py ps [--json]     every shim process, per device: in use, cached,
                              freed and not yet reusable, pool reserved, pinned
                              host pool, peak in use, given back so far
   somactl.py trim [--json] PID   makes process PID give back what its pools
                              hold unused (its program's memory stays)
+  somactl.py snapshot [--json] PID   makes process PID write what holds its
+                             device memory now to PID.snapshot.json in the
+                             socket directory, and prints its summary
 
 Each process answers on its socket in $SOMA_SOCKET_DIR, by default
 /tmp/somashim-<uid> (the protocol:
-src/front/ipc_wire.rs, ops 3 and 4). A process that does not answer within a
+src/front/ipc_wire.rs, ops 3 to 6). A process that does not answer within a
 second is shown as such. --json: one JSON object per line, per process.
 Exit status: 0; 1 if `trim` found no such process or it did not answer; 2 on
 a usage error.
@@ -22,7 +25,7 @@ import struct
 import sys
 
 REQUEST_LEN, REPLY_LEN = 68, 76
-GIVE_BACK, USAGE, LIBRARY = 3, 4, 5
+GIVE_BACK, USAGE, LIBRARY, SNAPSHOT = 3, 4, 5, 6
 FIGURES = ("in_use", "cached", "freed_not_reused", "reserved", "peak_in_use", "given_back")
 TIMEOUT_S = 1.0
 
@@ -147,16 +150,41 @@ def ps(as_json):
     return 0
 
 
-def trim(pid, as_json):
+def ask_process(pid, op, as_json):
+    """Process pid's reply to a request of `op`, or None once the error is said."""
     paths = [path for p, path in processes() if p == pid]
-    request = struct.pack("<I", GIVE_BACK).ljust(REQUEST_LEN, b"\0")
+    request = struct.pack("<I", op).ljust(REQUEST_LEN, b"\0")
     # A process that exec'd keeps its pid: an earlier program's socket may be there too.
     reply = next((r for r in (ask(path, request) for path in paths) if r is not None), None)
     if reply is None or reply[0] != 0:
-        why = "no shim process of this user" if not paths else "no answer"
+        why = "no shim process of this user" if not paths else "no answer" if reply is None else "refused"
         print(json.dumps({"pid": pid, "error": why}) if as_json else f"somactl: {pid}: {why}", file=None if as_json else sys.stderr)
+        return None
+    return reply
+
+
+def trim(pid, as_json):
+    reply = ask_process(pid, GIVE_BACK, as_json)
+    if reply is None:
         return 1
     print(json.dumps({"pid": pid, "given_back": reply[1]}) if as_json else f"{pid}: {human(reply[1])} given back")
+    return 0
+
+
+def snapshot(pid, as_json):
+    if ask_process(pid, SNAPSHOT, as_json) is None:
+        return 1
+    path = os.path.join(socket_dir(), f"{pid}.snapshot.json")
+    if as_json:
+        print(json.dumps({"pid": pid, "snapshot": path}))
+        return 0
+    print(f"{pid}: snapshot written to {path}")
+    try:
+        import snapshot_viz  # beside this script
+    except ImportError:
+        return 0
+    with open(path) as f:
+        print(snapshot_viz.summary(json.load(f)))
     return 0
 
 
@@ -165,9 +193,9 @@ def main(argv):
     args = [a for a in argv if a != "--json"]
     if args == ["ps"]:
         return ps(as_json)
-    if len(args) == 2 and args[0] == "trim" and args[1].isdigit():
-        return trim(int(args[1]), as_json)
-    print("usage: somactl.py ps [--json] | somactl.py trim [--json] PID", file=sys.stderr)
+    if len(args) == 2 and args[0] in ("trim", "snapshot") and args[1].isdigit():
+        return (trim if args[0] == "trim" else snapshot)(int(args[1]), as_json)
+    print("usage: somactl.py ps [--json] | somactl.py trim [--json] PID | somactl.py snapshot [--json] PID", file=sys.stderr)
     return 2
 
 

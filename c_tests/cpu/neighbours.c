@@ -17,7 +17,8 @@
  *   apart    a holder with SOMA_NEIGHBOURS=0 that serves CUDA IPC (so has a
  *            socket) refuses: the taker is out of memory at once;
  *   ps       somarun --ps --json lists the holder with what it caches and
- *            the library that allocated it (this program);
+ *            the library that allocated it (this program); somarun --snapshot
+ *            makes it write a snapshot of its device;
  *            somarun --trim PID makes it give that back, and --ps shows it.
  * The figures are printed as "# " lines. */
 #include "common.h"
@@ -272,6 +273,28 @@ static long long ps_figure(pid_t pid, const char *name) {
   return at ? atoll(at + strlen(key)) : -1;
 }
 
+/* Whether `somarun --snapshot PID --json` made process `pid` write a snapshot
+ * asked for, of its device, where the reply says. */
+static int snapshot_written(pid_t pid) {
+  char command[4200], reply[4096] = "", text[8192] = "";
+  snprintf(command, sizeof command, "%s --snapshot %d --json", getenv("SOMARUN"), (int)pid);
+  FILE *p = popen(command, "r");
+  if (p && !fgets(reply, sizeof reply, p)) reply[0] = 0;
+  if (p) CHECK_EQ(pclose(p), 0);
+  const char *key = "\"snapshot\": \"";
+  char *path = strstr(reply, key);
+  if (!path) return 0;
+  path += strlen(key);
+  char *end = strchr(path, '"');
+  if (end) *end = 0;
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = 0;
+  return strstr(text, "\"format\": \"somashim-snapshot-1\"") && strstr(text, "\"reason\": \"asked\"") &&
+         strstr(text, "\"pools\": [\n    {\"device\": 0,");
+}
+
 static void ps(void) {
   struct child h = start_holder(NO_DECAY, NULL);
   long long reserved = ps_figure(h.pid, "reserved"), in_use = ps_figure(h.pid, "in_use");
@@ -283,6 +306,7 @@ static void ps(void) {
   printf("# --ps: the first library's peak %lld\n", peak);
   printf("somarun --ps names the library that allocated it: %s\n",
          strstr(line, "\"libraries\": [{\"name\": \"neighbours\"") && peak >= (long long)(HELD_MIB * MiB) ? "yes" : "no");
+  printf("somarun --snapshot makes it write a snapshot: %s\n", snapshot_written(h.pid) ? "yes" : "no");
   char command[4200];
   snprintf(command, sizeof command, "%s --trim %d >/dev/null", getenv("SOMARUN"), (int)h.pid);
   CHECK_EQ(system(command), 0);

@@ -158,7 +158,7 @@ expect_status() {
 # option | variable | value
 OPTS=(
   "--trace|SOMA_TRACE|/tmp/pool trace.csv"
-  "--snapshot|SOMA_SNAPSHOT|/tmp/oom snapshot.json"
+  "--oom-snapshot|SOMA_SNAPSHOT|/tmp/oom snapshot.json"
   "--threshold|SOMA_RELEASE_THRESHOLD|4GiB"
   "--pool|SOMA_POOL|default"
   "--min-bytes|SOMA_MIN_BYTES|1K"
@@ -194,8 +194,8 @@ run "$SOMARUN" --lib "$LIB_A" --trace t.csv -- "$PROBE"
 expect_vars "option --trace FILE without a / gets ./" "SOMA_TRACE=./t.csv" "LD_PRELOAD=$LIB_A"
 run "$SOMARUN" --lib "$LIB_A" --trace=out/t.csv -- "$PROBE"
 expect_vars "option --trace=DIR/FILE kept as given" "SOMA_TRACE=out/t.csv" "LD_PRELOAD=$LIB_A"
-run "$SOMARUN" --lib "$LIB_A" --snapshot oom.json -- "$PROBE"
-expect_vars "option --snapshot FILE without a / gets ./" "SOMA_SNAPSHOT=./oom.json" "LD_PRELOAD=$LIB_A"
+run "$SOMARUN" --lib "$LIB_A" --oom-snapshot oom.json -- "$PROBE"
+expect_vars "option --oom-snapshot FILE without a / gets ./" "SOMA_SNAPSHOT=./oom.json" "LD_PRELOAD=$LIB_A"
 
 run "$SOMARUN" --lib "$LIB_A" --stats -- "$PROBE"
 expect_vars "option --stats" "SOMA_STATS=1" "LD_PRELOAD=$LIB_A"
@@ -433,6 +433,8 @@ run "$SOMARUN" --ps --all
 expect_error "--ps with another word" "*--ps takes only --json*--help*"
 run "$SOMARUN" --trim 1 extra
 expect_error "--trim PID with another word" "*--trim PID takes only --json*--help*"
+run "$SOMARUN" --snapshot x1
+expect_error "--snapshot with a PID that is not a number" "*--snapshot*needs a PID*x1*--help*"
 # No shim process has this pid (PID 1 is init): --trim says so, exit status 1.
 run env TMPDIR="$TMP" "$SOMARUN" --trim 1
 if [ "$RC" = 1 ] && grep -q "1: no shim process of this user" "$TMP/err"; then pass "--trim of a process not under the shim"; else fail "--trim of a process not under the shim" "status $RC: $(short "$TMP/err")"; fi

@@ -40,7 +40,8 @@ use crate::cuda::driver;
 use crate::cuda::gpu::{Gpu, Pool};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
 
-use super::ipc_server::{random_secret, remove_stale_socket, server_endpoint, socket_dir, socket_path, Served, Server, SERVED, SERVER, SERVING_ENDPOINT, SERVING_PID};
+use super::ipc_server::{random_secret, server_endpoint, Served, Server, SERVED, SERVER, SERVING_ENDPOINT, SERVING_PID};
+use super::sockets::{remove_stale_socket, socket_dir, socket_path};
 use super::ipc_wire::{connect, encode_request, receive_with_fd, send_all_by, Op, Reply, REPLY_LEN};
 
 /// `CUDA_ERROR_INVALID_CONTEXT`: the real open of a handle in the process

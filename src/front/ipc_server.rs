@@ -9,7 +9,6 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -18,7 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ipc_wire::{decode_request, encode_library, encode_usage, send_all, send_with_fd, Op, Reply, Request, REQUEST_LEN};
-use super::process::allocator;
+use super::snapshot;
+use super::sockets::{socket_dir, socket_path};
 use crate::core::allocator::state::Allocator;
 use crate::core::ptrmap::Block;
 use crate::core::shared_blocks::{IpcHandle, Secret};
@@ -56,43 +56,6 @@ pub(super) fn random_secret() -> Option<Secret> {
         }
     }
     Some(secret)
-}
-
-/// The directory of the sockets (`SOMA_SOCKET_DIR`, by default this
-/// user's in /tmp): made with mode 0700, and used only if it is a real
-/// directory this user owns that no one else may enter.
-pub(super) fn socket_dir() -> Result<PathBuf, String> {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    let dir = match &allocator().config.socket_dir {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(format!("/tmp/somashim-{uid}")),
-    };
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
-    }
-    let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
-        return Err(format!("{} is not a directory of this user's that only it may enter", dir.display()));
-    }
-    Ok(dir)
-}
-
-pub(super) fn socket_path(dir: &std::path::Path, pid: u32, endpoint: u64) -> PathBuf {
-    dir.join(format!("{pid}-{endpoint:016x}"))
-}
-
-/// Removes `path`, the socket file of a server that is gone (no process
-/// listens there): only a socket of this user's (in the shim's directory,
-/// which only this user may enter).
-pub(super) fn remove_stale_socket(path: &std::path::Path) {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    if std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket() && meta.uid() == uid) {
-        let _ = std::fs::remove_file(path);
-    }
 }
 
 pub(super) struct Server {
@@ -470,6 +433,10 @@ impl Served {
                     data: encode_usage(usage.uuid, usage.figures),
                 });
                 send_all(&client.connection, &reply.encode()).is_ok()
+            }
+            Some(Request::Snapshot) => {
+                let status = if snapshot::on_request(allocator) { 0 } else { 1 };
+                send_all(&client.connection, &Reply { status, pool: 0, data: [0; 64] }.encode()).is_ok()
             }
             Some(Request::Library(index)) => {
                 let figures = allocator.libraries.figures();

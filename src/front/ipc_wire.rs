@@ -24,9 +24,12 @@
 //!   saw them (a list that only grows); the
 //!   reply, refused past the last, has the bytes in use (u64), then the peak
 //!   and the allocations (two u64s) and the library's file name (48 bytes,
-//!   NUL-padded, cut to fit) (`encode_library`).
+//!   NUL-padded, cut to fit) (`encode_library`);
+//! - op 6, a snapshot: the process writes its snapshot now (`snapshot.rs`)
+//!   to `<pid>.snapshot.json` in the socket directory; the status says
+//!   whether it did.
 //!
-//! All integers little-endian. scripts/somactl.py speaks ops 3, 4 and 5 too.
+//! All integers little-endian. scripts/somactl.py speaks ops 3 to 6 too.
 
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -60,11 +63,14 @@ pub(super) enum Request {
     Usage(u32),
     /// The figures of the library of this index (`core/libraries.rs`).
     Library(u32),
+    /// Write the snapshot now.
+    Snapshot,
 }
 
 const GIVE_BACK: u32 = 3;
 const USAGE: u32 = 4;
 const LIBRARY: u32 = 5;
+const SNAPSHOT: u32 = 6;
 
 
 pub(super) fn encode_request(op: Op, handle: &IpcHandle) -> [u8; REQUEST_LEN] {
@@ -107,6 +113,7 @@ pub(super) fn decode_request(bytes: &[u8; REQUEST_LEN]) -> Option<Request> {
         }
         USAGE => return Some(Request::Usage(u32::from_le_bytes(bytes[4..8].try_into().ok()?))),
         LIBRARY => return Some(Request::Library(u32::from_le_bytes(bytes[4..8].try_into().ok()?))),
+        SNAPSHOT => return Some(Request::Snapshot),
         _ => return None,
     };
     Some(Request::Lease(op, IpcHandle::decode(bytes[4..].try_into().ok()?)?))
@@ -346,8 +353,11 @@ mod tests {
         let mut library = usage;
         library[0] = 5;
         assert_eq!(decode_request(&library), Some(Request::Library(2)));
+        let mut snapshot = [0u8; REQUEST_LEN];
+        snapshot[0] = 6;
+        assert_eq!(decode_request(&snapshot), Some(Request::Snapshot));
         let mut unknown = encode_request(Op::Open, &handle);
-        unknown[0] = 6;
+        unknown[0] = 7;
         assert_eq!(decode_request(&unknown), None);
         let mut bad_flag = encode_give_back(None);
         bad_flag[4] = 2;

@@ -14,6 +14,7 @@ mod ipc_wire;
 pub mod neighbours;
 pub mod pointer_queries;
 pub mod process;
-pub mod snapshot;
 pub mod runtime_door;
+pub mod snapshot;
+mod sockets;
 pub mod work;

@@ -16,7 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::ipc_server::{remove_stale_socket, socket_dir};
+use super::sockets::{remove_stale_socket, socket_dir};
 use super::ipc_wire::{connect_at_once, encode_give_back, encode_usage_request, send_all, Reply, REPLY_LEN, REQUEST_LEN};
 
 /// The longest an allocation waits for its neighbours' answers.

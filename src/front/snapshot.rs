@@ -1,5 +1,6 @@
 //! The out-of-memory snapshot (`SOMA_SNAPSHOT`): at the first allocation of
-//! device memory the program is told is out of memory, the shim writes what
+//! device memory the program is told is out of memory (or when `somarun
+//! --snapshot PID` asks), the shim writes what
 //! held the device's memory, as JSON: every live block it handed out with
 //! the library that allocated it, each library's figures (this process's,
 //! every device together), its pools, the
@@ -11,6 +12,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+use super::sockets::socket_dir;
 use super::neighbours;
 use crate::core::allocator::state::Allocator;
 use crate::core::output;
@@ -31,38 +33,63 @@ pub fn out_of_memory(allocator: &Allocator, requested: u64) {
     if TAKEN.swap(true, Relaxed) {
         return;
     }
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: two out-pointers to locals; the device's context is current.
-    let known = unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) } == SUCCESS;
-    let text = snapshot(allocator, requested, known.then_some((free as u64, total as u64)));
-    let written = output::create(&path).and_then(|mut opened| {
-        // A snapshot cut short is worse than none.
-        opened.file.write_all(text.as_bytes()).inspect_err(|_| {
-            let _ = opened.remove();
-        })
-    });
-    match written {
+    match write(&path, &snapshot(allocator, Some(requested))) {
         Ok(()) => log::info!("out of memory: snapshot written to {path}"),
         Err(e) => output::warn(format_args!("cannot write the out-of-memory snapshot to {path}: {e}")),
     }
 }
 
-/// The snapshot's JSON; `memory`: the device's free and total bytes, if the
-/// driver said (else both 0).
-fn snapshot(allocator: &Allocator, requested: u64, memory: Option<(u64, u64)>) -> String {
+/// `somarun --snapshot PID`: the snapshot now, of the first device with a
+/// pool, to `<pid>.snapshot.json` in the socket directory (this user's, that
+/// no one else may enter). Whether it was written.
+pub fn on_request(allocator: &Allocator) -> bool {
+    let Some(driver) = driver::loaded() else { return false };
+    let first = (0..).map_while(|index| allocator.usage(driver, index)).find(|usage| !usage.host);
+    let Some(context) = first.and_then(|usage| allocator.device_context(usage.ordinal)) else { return false };
+    let Ok(dir) = socket_dir() else { return false };
+    let path = dir.join(format!("{}.snapshot.json", std::process::id()));
+    let Ok(text) = driver.with_context(context, || snapshot(allocator, None)) else { return false };
+    match write(&path.to_string_lossy(), &text) {
+        Ok(()) => true,
+        Err(e) => {
+            log::warn!("cannot write the snapshot asked for to {}: {e}", path.display());
+            false
+        }
+    }
+}
+
+/// Writes `text` to `path` as the other output files are written.
+fn write(path: &str, text: &str) -> std::io::Result<()> {
+    output::create(path).and_then(|mut opened| {
+        // A snapshot cut short is worse than none.
+        opened.file.write_all(text.as_bytes()).inspect_err(|_| {
+            let _ = opened.remove();
+        })
+    })
+}
+
+/// The snapshot's JSON, of the current context's device: at an out-of-memory
+/// for `requested` bytes, or asked for (None).
+fn snapshot(allocator: &Allocator, requested: Option<u64>) -> String {
     let driver = driver::loaded();
     let device = driver.and_then(|d| d.current_device().ok()).unwrap_or(0);
     let uuid = allocator.device_uuid(device).unwrap_or([0; 16]);
-    let (free, total) = memory.unwrap_or((0, 0));
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: two out-pointers to locals; the device's context is current.
+    if unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) } != SUCCESS {
+        (free, total) = (0, 0);
+    }
+    let reason = if requested.is_some() { "out of memory" } else { "asked" };
     let command = std::fs::read("/proc/self/cmdline").unwrap_or_default();
     let command = String::from_utf8_lossy(&command).replace('\0', " ");
     let mut out = String::from("{\n");
     let _ = writeln!(out, "  \"format\": \"somashim-snapshot-1\",");
+    let _ = writeln!(out, "  \"reason\": \"{reason}\",");
     let _ = writeln!(out, "  \"pid\": {},", std::process::id());
     let _ = writeln!(out, "  \"command\": {},", quoted(command.trim()));
     let _ = writeln!(out, "  \"device\": {device},");
     let _ = writeln!(out, "  \"uuid\": {},", quoted(&uuid_text(&uuid)));
-    let _ = writeln!(out, "  \"requested\": {requested},");
+    let _ = writeln!(out, "  \"requested\": {},", requested.unwrap_or(0));
     let _ = writeln!(out, "  \"device_free\": {free},");
     let _ = writeln!(out, "  \"device_total\": {total},");
 
