@@ -1,10 +1,9 @@
 //! The out-of-memory snapshot (`SOMA_SNAPSHOT`): at the first allocation of
 //! device memory the program is told is out of memory (or when `somarun
-//! --snapshot PID` asks), the shim writes what
-//! held the device's memory, as JSON: every live block it handed out with
-//! the library that allocated it, each library's figures (this process's,
-//! every device together), its pools, the
-//! device's free memory, what the user's other shim processes hold on the
+//! --snapshot PID` asks), the shim writes what held the device's memory, as
+//! JSON: every live block it handed out with the library that allocated it,
+//! each library's figures (this process's, every device together), its pools,
+//! the device's free memory, what the user's other shim processes hold on the
 //! device, and the last pool events. `scripts/snapshot_viz.py` prints its
 //! summary and turns it into the file PyTorch's memory viewer opens.
 
@@ -12,8 +11,8 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use super::sockets::socket_dir;
 use super::neighbours;
+use super::sockets::socket_dir;
 use crate::core::allocator::state::Allocator;
 use crate::core::output;
 use crate::cuda::driver;
