@@ -129,6 +129,17 @@ pub(super) fn encode_usage(uuid: [u8; 16], figures: [u64; 6]) -> PointerExport {
     data
 }
 
+/// A usage reply's UUID and figures (`encode_usage`).
+pub(super) fn decode_usage(data: &PointerExport) -> ([u8; 16], [u64; 6]) {
+    let mut uuid = [0u8; 16];
+    uuid.copy_from_slice(&data[..16]);
+    let mut figures = [0u64; 6];
+    for (figure, bytes) in figures.iter_mut().zip(data[16..].chunks_exact(8)) {
+        *figure = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+    }
+    (uuid, figures)
+}
+
 /// A library reply's data: the peak, the allocations, and the name.
 pub(super) fn encode_library(peak: u64, allocations: u64, name: &str) -> PointerExport {
     let mut data = [0u8; 64];
@@ -364,6 +375,7 @@ mod tests {
         assert_eq!(decode_request(&bad_flag), None);
         let data = encode_usage(uuid, [1, 2, 3, 4, 5, 6]);
         assert_eq!((&data[..16], u64::from_le_bytes(data[56..].try_into().unwrap())), (&uuid[..], 6));
+        assert_eq!(decode_usage(&data), (uuid, [1, 2, 3, 4, 5, 6]));
         let data = encode_library(7, 8, &"x".repeat(60));
         assert_eq!((data[0], data[8], &data[16..]), (7, 8, &[b'x'; 48][..]), "the name cut to fit");
         assert_eq!(decode_request(&[0; REQUEST_LEN]), None);

@@ -13,11 +13,11 @@
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::sockets::{remove_stale_socket, socket_dir};
-use super::ipc_wire::{connect_at_once, encode_give_back, encode_usage_request, send_all, Reply, REPLY_LEN, REQUEST_LEN};
+use super::ipc_wire::{connect_at_once, decode_usage, encode_give_back, encode_usage_request, send_all, Reply, REPLY_LEN, REQUEST_LEN};
 
 /// The longest an allocation waits for its neighbours' answers.
 pub const ASK_WAIT: Duration = Duration::from_millis(200);
@@ -39,18 +39,11 @@ pub fn ask_to_give_back(uuid: [u8; 16], wanted: u64) -> Answers {
     let request = encode_give_back(Some(uuid));
     let mut waiting: Vec<(UnixStream, [u8; REPLY_LEN], usize)> = Vec::new();
     for (pid, path) in peers() {
-        // At once: a peer whose backlog is full (stopped, with asks queued) is skipped.
-        match connect_at_once(&path) {
-            // A request fits an empty socket buffer: the send does not wait.
-            Ok(connection) => {
-                if send_all(&connection, &request).is_ok() {
-                    waiting.push((connection, [0; REPLY_LEN], 0));
-                }
+        // A request fits an empty socket buffer: the send does not wait.
+        if let Some(connection) = connect_to(pid, &path) {
+            if send_all(&connection, &request).is_ok() {
+                waiting.push((connection, [0; REPLY_LEN], 0));
             }
-            // No process listens there: its process is gone (a live one's socket
-            // is listening before it gets its name).
-            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => remove_stale_socket(&path),
-            Err(e) => log::debug!("neighbour {pid}: {e}"),
         }
     }
     let mut answers = Answers { asked: waiting.len(), ..Answers::default() };
@@ -105,15 +98,12 @@ pub fn usage_on(uuid: [u8; 16]) -> Vec<(u32, [u64; 6])> {
     for (pid, path) in peers() {
         // The device pools come first, a pinned host pool after them: at most one a device.
         for index in 0..64 {
-            let Some(reply) = ask_once(&path, &encode_usage_request(index), deadline) else { break };
+            let Some(reply) = ask_once(pid, &path, &encode_usage_request(index), deadline) else { break };
             if reply.status != 0 || reply.pool >> 32 != 0 {
                 break;
             }
-            if reply.data[..16] == uuid {
-                let mut figures = [0u64; 6];
-                for (figure, bytes) in figures.iter_mut().zip(reply.data[16..].chunks_exact(8)) {
-                    *figure = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
-                }
+            let (device, figures) = decode_usage(&reply.data);
+            if device == uuid {
                 found.push((pid, figures));
             }
         }
@@ -123,23 +113,33 @@ pub fn usage_on(uuid: [u8; 16]) -> Vec<(u32, [u64; 6])> {
 
 /// One request over a connection of its own, and its reply, if it came
 /// before `deadline`.
-fn ask_once(path: &std::path::Path, request: &[u8; REQUEST_LEN], deadline: Instant) -> Option<Reply> {
+fn ask_once(pid: u32, path: &Path, request: &[u8; REQUEST_LEN], deadline: Instant) -> Option<Reply> {
     let left = deadline.checked_duration_since(Instant::now()).filter(|left| !left.is_zero())?;
-    let mut connection = match connect_at_once(path) {
-        Ok(connection) => connection,
-        Err(e) => {
-            if e.raw_os_error() == Some(libc::ECONNREFUSED) {
-                remove_stale_socket(path);
-            }
-            return None;
-        }
-    };
+    let mut connection = connect_to(pid, path)?;
     connection.set_nonblocking(false).ok()?;
     connection.set_read_timeout(Some(left)).ok()?;
     send_all(&connection, request).ok()?;
     let mut bytes = [0u8; REPLY_LEN];
     connection.read_exact(&mut bytes).ok()?;
     Some(Reply::decode(&bytes))
+}
+
+/// A connection to process `pid`'s socket `path`, made at once: a peer
+/// whose backlog is full (stopped, with asks queued) is skipped, and the
+/// socket of one no process listens on is removed (its process is gone: a
+/// live one's socket is listening before it gets its name).
+fn connect_to(pid: u32, path: &Path) -> Option<UnixStream> {
+    match connect_at_once(path) {
+        Ok(connection) => Some(connection),
+        Err(e) => {
+            if e.raw_os_error() == Some(libc::ECONNREFUSED) {
+                remove_stale_socket(path);
+            } else {
+                log::debug!("neighbour {pid}: {e}");
+            }
+            None
+        }
+    }
 }
 
 /// The other processes' sockets in this user's directory, by pid.
