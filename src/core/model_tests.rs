@@ -839,6 +839,30 @@ fn a_stream_made_after_a_program_free_waits_for_the_work_before_it() {
     }
 }
 
+/// As above, with no non-blocking stream at the free (so nothing waited
+/// then) and the new stream made during a global capture begun after it: it
+/// waits on the GPU for the mark recorded as the capture began, which must
+/// cover the work before the program's free.
+#[test]
+fn a_stream_made_during_a_capture_after_a_program_free_waits_for_the_work_before_it() {
+    for seed in 0..16 {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[("SOMA_FREE_ORDER", "barrier")]);
+        shim.reclaimer.pretend_running();
+        let (p, q) = (Shim::malloc(&shim, &gpu, MIB).expect("pooled"), Shim::malloc(&shim, &gpu, MIB).expect("pooled"));
+        program_frees_late(&shim, &gpu, p, Stream::LEGACY);
+        assert!(Shim::begin_capture(&shim, &gpu, PER_THREAD, CaptureMode::Global));
+        let made_during = gpu.program_stream(true);
+        Shim::stream_created(&shim, &gpu, made_during);
+        Shim::end_capture(&shim, &gpu, PER_THREAD);
+        gpu.program_freed(Touch { ptr: q, generation: gpu.next_generation(q) });
+        Shim::free(&shim, &gpu, q);
+        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
+        assert_eq!(again, p, "seed {seed}: the pool hands the block out again on the legacy stream");
+        assert!(!reused_early(&shim, &gpu, p, made_during), "seed {seed}: {:?}", gpu.violations());
+    }
+}
+
 /// The allocator is built on whichever program thread calls first, whatever
 /// its stack: its per-thread-shard tables live on the heap.
 #[test]

@@ -409,7 +409,9 @@ impl Device {
     /// caller holds the captures for writing, so allocations and frees stall
     /// meanwhile, on that failure only. The device's context must be current.
     pub fn mark_before_capture(&self, driver: &impl Gpu) -> CuResult<()> {
-        if !self.reuses_on_legacy_stream() {
+        // As `leave_legacy_stream` asks: blocks reused on the legacy stream,
+        // or that may be (the program freed one itself since the last wait).
+        if !self.reuses_on_legacy_stream() && !self.program_freed_since_mark.load(Relaxed) {
             return Ok(());
         }
         driver.record(self.legacy_free_mark, Stream::LEGACY).or_else(|_| driver.synchronize_stream(Stream::LEGACY))
