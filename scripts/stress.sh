@@ -14,11 +14,11 @@ seed=${PROPTEST_RNG_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')}
 properties=9
 settings=15
 echo "make stress: $cases cases per property and setting ($settings settings), PROPTEST_RNG_SEED=$seed"
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+mkdir -p build
+log=build/stress.log # kept: a failure's input and message are in it
 start=$(date +%s)
 PROPTEST_CASES=$cases PROPTEST_RNG_SEED=$seed cargo test --release --lib no_block_is_reused_before_earlier_work \
-  -- --test-threads="$(nproc)" 2>&1 | tee "$log" | grep -E '^test |minimal failing case|^thread'
+  -- --test-threads="$(nproc)" 2>&1 | tee "$log" | grep -E '^test |^Test failed|^thread'
 failed=$(grep -c '^test .* FAILED$' "$log")
 ran=$(grep -c '^test .* ok$' "$log")
 if [ $((ran + failed)) -ne $properties ]; then
@@ -27,5 +27,6 @@ if [ $((ran + failed)) -ne $properties ]; then
   exit 2
 fi
 echo "make stress: $((cases * settings)) cases in $(($(date +%s) - start)) s, seed $seed: $failed of $properties properties violated"
+[ "$failed" -eq 0 ] || echo "make stress: the failing inputs and messages: $log"
 echo "$((cases * settings)) passed, $failed failed"
 [ "$failed" -eq 0 ]
