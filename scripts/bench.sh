@@ -4,8 +4,9 @@
 #   real   cudaMalloc/cudaFree, natively (also with one small block kept
 #          allocated throughout: "real*")
 #   shim   the same binary under LD_PRELOAD=libsomashim.so (also with an idle
-#          non-blocking stream made at start: "shim+nb"; and with
-#          SOMA_FREE_SYNC=1: "sync")
+#          non-blocking stream made at start: "shim+nb"; with
+#          SOMA_FREE_SYNC=1: "sync"; and, for the 1 MiB pair and the threads
+#          rows, with SOMA_BY_LIBRARY=0: "nolib")
 #   async  hand-written cudaMallocAsync/cudaFreeAsync, pool release threshold
 #          UINT64_MAX, natively
 # and two tables (scripts/bench_table.awk):
@@ -18,7 +19,8 @@
 #     non-blocking streams alive, and 1, 4, 8, 16 host threads (each on its
 #     own non-blocking stream, or all on the legacy stream); real, shim and
 #     async; the ratios shim/real, shim/async, shim(N streams)/shim(0);
-# then the verdict on the targets of issue 12 (ok/MISS; a miss does not fail
+# and 3. what counting by library costs: shim / nolib, each repetition's pair
+# of runs compared; then the verdict on the targets (ok/MISS; a miss does not fail
 # the benchmark: speed targets live here, never in timed tests); then pinned
 # host memory (scripts/bench_pinned.sh), CUDA IPC (scripts/bench_ipc.sh) and two processes
 # sharing the GPU (scripts/bench_neighbours.sh).
@@ -34,10 +36,11 @@
 #   BENCH_ONLY      extended regex; a part runs if it matches the whole name of
 #                   its group (sizes, nlp, threads, streams, 4x4G, stall) or of
 #                   the part itself (size:1048576, threads:8,
-#                   threads-legacy:16, idle-nb:256, streams4x4G, ...), e.g.
-#                   BENCH_ONLY='streams|threads'
+#                   threads-legacy:16, idle-nb:256, streams4x4G, ...), and
+#                   the benchmarks run after them (pinned, ipc, neighbours),
+#                   e.g. BENCH_ONLY='streams|threads'
 #   BENCH_MODES     extended regex on the whole mode name (real reallive shim
-#                   shimnb async shimsync); default all
+#                   shimnb async shimsync shimnolib); default all
 #   BENCH_REPS      repetitions of every scenario (default 3)
 #   BENCH_BUDGET_S  no run starts after this many seconds (default 330); the
 #                   tables then give what ran and name the rows that have
@@ -110,6 +113,7 @@ MODES=(
   "shimnb|CHURN_IDLE_STREAM=1 LD_PRELOAD=$SHIM|real"
   "async|-|async"
   "shimsync|SOMA_FREE_SYNC=1 LD_PRELOAD=$SHIM|real"
+  "shimnolib|SOMA_BY_LIBRARY=0 LD_PRELOAD=$SHIM|real"
 )
 # Parts: group|name|churn part|modes ("all": the six above; "rsa": real, shim
 # and async, the three of issue 12's table). threads:4 and threads-legacy:4
@@ -142,15 +146,21 @@ PARTS=(
   "threads|threads-legacy:16|threads-legacy:16|rsa"
 )
 part_wanted() { [ -z "$ONLY" ] || [[ $1 =~ ^($ONLY)$ ]] || [[ $2 =~ ^($ONLY)$ ]]; }
-mode_wanted() { # mode name, the part's mode set
-  [ "$2" = all ] || [[ $1 =~ ^(real|shim|async)$ ]] || return 1
+# shimnolib (the shim not counting by library) only where its cost is judged:
+# the 1 MiB pair and the threads rows.
+mode_wanted() { # mode name, the part's mode set, the part's name
+  if [ "$1" = shimnolib ]; then
+    [[ $3 =~ ^(size:1048576|threads(-legacy)?:[0-9]+)$ ]] || return 1
+  else
+    [ "$2" = all ] || [[ $1 =~ ^(real|shim|async)$ ]] || return 1
+  fi
   [ -z "$MODES_ONLY" ] || [[ $1 =~ ^($MODES_ONLY)$ ]]
 }
 RUNS=0
 for p in "${PARTS[@]}"; do
   IFS='|' read -r group pname _ set <<<"$p"
   part_wanted "$group" "$pname" || continue
-  for mode in "${MODES[@]}"; do mode_wanted "${mode%%|*}" "$set" && RUNS=$((RUNS + 1)); done
+  for mode in "${MODES[@]}"; do mode_wanted "${mode%%|*}" "$set" "$pname" && RUNS=$((RUNS + 1)); done
 done
 if [ "$RUNS" = 0 ]; then
   echo "bench: nothing selected (BENCH_ONLY='$ONLY', BENCH_MODES='$MODES_ONLY')"
@@ -173,7 +183,7 @@ for rep in $(seq 1 "$REPS"); do
     part_wanted "$group" "$pname" || continue
     for mode in "${MODES[@]}"; do
       IFS='|' read -r name envs prog <<<"$mode"
-      mode_wanted "$name" "$set" || continue
+      mode_wanted "$name" "$set" "$pname" || continue
       if [ $((SECONDS - START)) -ge "$BUDGET" ]; then
         SKIPPED=$((SKIPPED + 1))
         continue
@@ -218,7 +228,7 @@ Modes: real: the program natively; real*: natively with one 4 KiB block kept all
   idle non-blocking stream made at start (the shim joins it at every free); async: rewritten with
   cudaMallocAsync/cudaFreeAsync (release threshold max) on one non-blocking stream (sizes, nlp,
   stall), on the legacy stream (idle-nb, threadsN-legacy) or on each thread's own stream
-  (threadsN); sync: the shim with SOMA_FREE_SYNC=1.
+  (threadsN); sync: the shim with SOMA_FREE_SYNC=1; nolib: the shim with SOMA_BY_LIBRARY=0.
 nlp: 8 live blocks of 4 KiB..128 MiB, the oldest freed each time; threadsN: N host threads each
   churning 1 MiB blocks on its own non-blocking stream, 1000 iterations each; threadsN-legacy: the
   same on the legacy stream; for both, the median over all threads' iterations of one iteration's
@@ -237,7 +247,9 @@ r/u: peak device memory used beyond the start of the run (cudaMemGetInfo, a prox
   reserved memory, incl. its 2 MiB-granular chunks) over the peak the program held, counted as at
   least 1 MiB; for shim, shim+nb and async (the device's default pool).
 Verdicts, on the medians: shim<=real (T3): shim not slower than real; nb<=1.25x (T1): shim
-  idle-nb256 <= 1.25 x shim idle-nb0; <=1.25xasy (T2): shim <= 1.25 x async of the same shape.
+  idle-nb256 <= 1.25 x shim idle-nb0; <=1.25xasy (T2): shim <= 1.25 x async of the same shape;
+  by library (T4): the median over the repetitions of shim / nolib (the two runs of one
+  repetition, next to each other in time) <= 1.02 in every row measured.
 NOTES
 
 if python3 scripts/plot_bench.py "$CSV" "${OUT:-$BUILD}/bench.png" >/dev/null 2>&1; then
@@ -246,12 +258,12 @@ else
   echo "csv: $CSV, $RAWCSV (no plot: scripts/plot_bench.py needs matplotlib, and the sizes)"
 fi
 
-echo
-scripts/bench_pinned.sh "$SHIM" || FAILED+=("pinned host memory (scripts/bench_pinned.sh)")
-echo
-scripts/bench_ipc.sh "$SHIM" || FAILED+=("CUDA IPC (scripts/bench_ipc.sh)")
-echo
-scripts/bench_neighbours.sh "$SHIM" || FAILED+=("neighbours (scripts/bench_neighbours.sh)")
+for tail in "pinned|pinned host memory" "ipc|CUDA IPC" "neighbours|neighbours"; do
+  IFS='|' read -r name what <<<"$tail"
+  part_wanted "$name" "$name" || continue
+  echo
+  "scripts/bench_$name.sh" "$SHIM" || FAILED+=("$what (scripts/bench_$name.sh)")
+done
 
 if [ "${#FAILED[@]}" != 0 ]; then
   echo

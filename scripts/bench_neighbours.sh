@@ -9,10 +9,13 @@
 #       blocks, fills, frees, synchronizes and idles; the second asks for 60% in
 #       one block every 5 ms until it gets it: ms from its first request (the
 #       first process native or under the shim, the second native or under the shim)
+#   burst/<mode>  a fresh process's first 64 allocations of 60% of the device
+#       in all (ms), natively or under the shim
 #   turns/<mode>  two processes take 20 turns (each allocates 60% in 64 blocks,
 #       fills, frees, synchronizes; 200 ms idle between turns): ms of all turns,
 #       failed allocations (out of memory)
 # Environment: BENCH_REPS (3: rounds of every scenario; medians and ranges),
+# BENCH_SCENARIOS (extended regex on the whole scenario name, e.g. 'burst/.*'; default all),
 # BENCH_TURN_IDLE_MS (200), SOMA_* (reach the shim runs). Output: the table on
 # stdout, and in $OUT/neighbours.log (else build/gpu/neighbours.log).
 set -uo pipefail
@@ -23,6 +26,7 @@ ARCH=${GPU_ARCH:-sm_90}
 BUILD=build/gpu
 REPS=${BENCH_REPS:-3}
 IDLE_MS=${BENCH_TURN_IDLE_MS:-200}
+ONLY=${BENCH_SCENARIOS:-}
 
 # shellcheck source=scripts/gpu_common.sh
 . scripts/gpu_common.sh
@@ -49,6 +53,7 @@ failed=0
 run() {
   local scenario=$1 field=$2 out
   shift 2
+  [ -z "$ONLY" ] || [[ $scenario =~ ^($ONLY)$ ]] || return 0
   local envs=()
   while [ "$1" != -- ]; do
     envs+=("$1")
@@ -75,6 +80,8 @@ for round in $(seq 1 "$REPS"); do
   run second/native-native second_ms -- second
   run second/shim-native second_ms LD_PRELOAD="$SHIM" -- second
   run second/shim-shim second_ms LD_PRELOAD="$SHIM" SECOND_PRELOAD="$SHIM" -- second
+  run burst/native burst_ms -- burst
+  run burst/shim burst_ms LD_PRELOAD="$SHIM" -- burst
   run turns/native turns_ms -- turns 20 "$IDLE_MS"
   run turns/shim turns_ms LD_PRELOAD="$SHIM" -- turns 20 "$IDLE_MS"
 done
@@ -83,11 +90,15 @@ done
 stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {if (NR == 0) {print "nan nan nan"; exit} m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m, v[1], v[NR]}'; }
 echo
 printf '%-22s %12s %20s %s\n' scenario "median ms" "range ms" "out of memory (each round)"
-for s in second/native-native second/shim-native second/shim-shim turns/native turns/shim; do
+for s in second/native-native second/shim-native second/shim-shim burst/native burst/shim turns/native turns/shim; do
+  [ -n "${FIG[$s]:-}" ] || continue
   read -r med lo hi <<<"$(stats "${FIG[$s]}")"
   printf '%-22s %12s %20s %s\n' "$s" "$med" "$lo-$hi" "${FIG[$s/oom]:-}"
 done
-read -r native _ <<<"$(stats "${FIG[turns/native]}")"
-read -r shim _ <<<"$(stats "${FIG[turns/shim]}")"
+read -r native _ <<<"$(stats "${FIG[burst/native]:-}")"
+read -r shim _ <<<"$(stats "${FIG[burst/shim]:-}")"
+awk -v s="$shim" -v n="$native" 'BEGIN {if (n + 0 > 0 && s + 0 > 0) printf "burst: shim / native = %.2fx\n", s / n}'
+read -r native _ <<<"$(stats "${FIG[turns/native]:-}")"
+read -r shim _ <<<"$(stats "${FIG[turns/shim]:-}")"
 awk -v s="$shim" -v n="$native" 'BEGIN {if (n + 0 > 0 && s + 0 > 0) printf "turns: shim / native = %.2fx\n", s / n}'
 exit $failed

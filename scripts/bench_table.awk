@@ -4,7 +4,8 @@
 #   <mode> <rep> size <bytes> median_us <x> reps <n> used_delta_mib <loop> <after sync>
 #   <mode> <rep> scenario <name> median_us <x> reps <n> peak_in_use_mib <a> peak_used_mib <b>
 #
-# modes: real, reallive (real*), shim, shimnb (shim+nb), async, shimsync (sync).
+# modes: real, reallive (real*), shim, shimnb (shim+nb), async, shimsync (sync),
+# shimnolib (nolib: the shim with SOMA_BY_LIBRARY=0).
 # Every figure in the tables is the median over the repetitions of a
 # per-process median (the spread is the min-max of those repetitions).
 #
@@ -50,6 +51,28 @@ function ru(mode, key,   m) {
   return sprintf("%.2f", S_med / m)
 }
 # verdict(a, b, limit): ok if a <= limit * b, MISS if not, - without data
+# pairs(key): the ratio shim / nolib of each repetition that ran both; sets
+# P_n, P_med, P_min, P_max; returns P_n.
+function pairs(key,   i, j, n, a, x, r) {
+  n = 0
+  for (i = 1; i <= cnt["shim", key]; i++)
+    for (j = 1; j <= cnt["shimnolib", key]; j++)
+      if (rep_of["shim", key, i] == rep_of["shimnolib", key, j] && us["shimnolib", key, j] > 0) {
+        a[++n] = us["shim", key, i] / us["shimnolib", key, j]
+        break
+      }
+  P_n = n
+  if (n == 0) return 0
+  for (i = 2; i <= n; i++) {
+    x = a[i]
+    for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]
+    a[j + 1] = x
+  }
+  P_min = a[1]
+  P_max = a[n]
+  P_med = (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  return n
+}
 function verdict(a, b, limit) {
   if (a <= 0 || b <= 0) return "-"
   return (a <= limit * b) ? "ok" : "MISS"
@@ -88,7 +111,7 @@ function t3(key,   v) {
 }
 
 BEGIN {
-  nmodes = split("real reallive shim shimnb async shimsync", mode_of, " ")
+  nmodes = split("real reallive shim shimnb async shimsync shimnolib", mode_of, " ")
   n1 = split("256 1048576 16777216 268435456 1073741824 nlp threads4 threads4-legacy streams4x4G stall pitch2d gpu-chain-kernels gpu-chain", order1, " ")
   n2 = split("idle-nb0 idle-nb1 idle-nb8 idle-nb64 idle-nb256 threads1 threads4 threads8 threads16 threads1-legacy threads4-legacy threads8-legacy threads16-legacy launch-legacy launch-nb", order2, " ")
   if (reps == "") reps = 1
@@ -168,8 +191,30 @@ END {
     }
     printf "\n"
   }
+  # ---------------------------------------------------------------- table 3
+  shown3 = 0
+  for (r = 1; r <= n1 + n2; r++) if (cnt["shimnolib", (r <= n1) ? order1[r] : order2[r - n1]] > 0) shown3++
+  if (shown3) {
+    printf "Counting by library: shim against nolib (SOMA_BY_LIBRARY=0), us per pair, median [min-max]\n\n"
+    printf "%-16s %2s %26s %26s %26s %7s\n", "scenario", "n", "shim", "nolib", "shim/nolib by repetition", "<=1.02x"
+    for (r = 1; r <= n1 + n2; r++) {
+      k = (r <= n1) ? order1[r] : order2[r - n1]
+      if (cnt["shimnolib", k] == 0 || ((k, "lib") in noted)) continue
+      noted[k, "lib"] = 1
+      v4 = "-"
+      p = "-"
+      if (pairs(k)) {
+        p = sprintf("%.3fx [%.3f-%.3f]", P_med, P_min, P_max)
+        v4 = (P_med <= 1.02) ? "ok" : "MISS"
+        if (v4 == "ok") t4_ok++
+        else { t4_miss++; t4_list = t4_list sprintf(" %s (%.3fx)", label(k), P_med) }
+      }
+      printf "%-16s %2d %26s %26s %26s %7s\n", label(k), P_n, full("shim", k), full("shimnolib", k), p, v4
+    }
+    printf "\n"
+  }
   # ---------------------------------------------------------------- summary
-  printf "Targets (issue 12), on the medians of the repetitions; a MISS does not fail the benchmark:\n"
+  printf "Targets (T1-T3: issue 12; T4: issue 41), on the medians of the repetitions; a MISS does not fail the benchmark:\n"
   if (t1 == "") t1 = "- (not run: needs idle-nb0 and idle-nb256)"
   else t1 = t1_ratio " " t1
   printf "  T1 shim pair with 256 idle non-blocking streams <= 1.25x the pair with none: %s\n", t1
@@ -179,6 +224,9 @@ END {
   if (t3_ok + t3_miss == 0) printf "  T3 shim never slower than real: - (no scenario with both)\n"
   else printf "  T3 shim never slower than real, every scenario above: %d of %d ok%s\n", t3_ok, t3_ok + t3_miss,
     t3_miss ? "; MISS:" t3_list : ""
+  if (t4_ok + t4_miss > 0)
+    printf "  T4 counting by library costs at most 2%% (shim / nolib), every row measured: %d of %d ok%s\n", t4_ok,
+      t4_ok + t4_miss, t4_miss ? "; MISS:" t4_list : ""
   short = ""
   for (r = 1; r <= n1 + n2; r++) {
     k = (r <= n1) ? order1[r] : order2[r - n1]

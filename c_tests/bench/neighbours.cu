@@ -7,12 +7,16 @@
  *       native) asks for SHARE in one block, again every 5 ms until it gets
  *       it. Prints "second_ms <ms> first_call_ms <ms>": from its first
  *       request to success, and how long that first request took.
+ *   neighbours burst  one process, fresh: the time of its first 64
+ *       allocations of SHARE / 64 (and a synchronization). Prints
+ *       "burst_ms <ms> failed <failed allocations>".
  *   neighbours turns <rounds> <idle_ms>  two processes take turns, each
  *       idling <idle_ms> after its turn before telling the other to go.
  *       Prints "turns_ms <ms of all turns> oom <failed allocations>".
  *
  * Processes run as this one is (LD_PRELOAD inherited), the second of
- * "second" as SECOND_PRELOAD says. */
+ * "second" as SECOND_PRELOAD says. NEIGHBOURS_VERBOSE=1: each turn's
+ * timings on stderr. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -33,13 +37,21 @@ static size_t share_of_device(void) {
   return (size_t)(total * SHARE) / PIECES / (2u << 20) * (2u << 20) * PIECES;
 }
 
-/* One turn; returns the allocations that failed. */
+/* One turn; returns the allocations that failed. With NEIGHBOURS_VERBOSE
+ * set, prints where its time went on stderr: the allocations (and the
+ * slowest), the frees, the final synchronization. */
 static int turn(void) {
   size_t piece = share_of_device() / PIECES;
   void *blocks[PIECES] = {0};
   int failed = 0;
+  double start = now_ms(), alloc_ms = 0, slowest = 0;
   for (int i = 0; i < PIECES; i++) {
-    if (cudaMalloc(&blocks[i], piece) != cudaSuccess) {
+    double t = now_ms();
+    cudaError_t rc = cudaMalloc(&blocks[i], piece);
+    t = now_ms() - t;
+    alloc_ms += t;
+    if (t > slowest) slowest = t;
+    if (rc != cudaSuccess) {
       cudaGetLastError();
       blocks[i] = NULL;
       failed++;
@@ -47,9 +59,14 @@ static int turn(void) {
     }
     cudaMemset(blocks[i], i, piece);
   }
+  double frees = now_ms();
   for (int i = 0; i < PIECES; i++)
     if (blocks[i]) cudaFree(blocks[i]);
+  double sync = now_ms();
   cudaDeviceSynchronize();
+  if (getenv("NEIGHBOURS_VERBOSE"))
+    fprintf(stderr, "turn pid %d ms %.1f alloc_ms %.1f slowest_alloc_ms %.1f free_ms %.1f sync_ms %.1f failed %d\n",
+            (int)getpid(), now_ms() - start, alloc_ms, slowest, sync - frees, now_ms() - sync, failed);
   return failed;
 }
 
@@ -127,9 +144,32 @@ static int asker(void) {
   return 0;
 }
 
+/* The first PIECES allocations of a fresh process, timed. */
+static int burst(void) {
+  cudaFree(NULL);
+  size_t piece = share_of_device() / PIECES;
+  void *blocks[PIECES] = {0};
+  int failed = 0;
+  cudaDeviceSynchronize();
+  double start = now_ms();
+  for (int i = 0; i < PIECES; i++)
+    if (cudaMalloc(&blocks[i], piece) != cudaSuccess) {
+      cudaGetLastError();
+      blocks[i] = NULL;
+      failed++;
+    }
+  cudaDeviceSynchronize();
+  double took = now_ms() - start;
+  for (int i = 0; i < PIECES; i++)
+    if (blocks[i]) cudaFree(blocks[i]);
+  printf("burst_ms %.1f failed %d\n", took, failed);
+  return failed != 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "player") == 0) return player();
   if (argc == 2 && strcmp(argv[1], "asker") == 0) return asker();
+  if (argc == 2 && strcmp(argv[1], "burst") == 0) return burst();
   if (argc >= 2 && strcmp(argv[1], "second") == 0) {
     struct child first = spawn("player");
     put(first.to, 1);
@@ -164,6 +204,6 @@ int main(int argc, char **argv) {
     printf("turns_ms %.1f oom %d\n", busy, oom);
     return finish(players[0]) | finish(players[1]);
   }
-  fprintf(stderr, "usage: neighbours second | neighbours turns ROUNDS IDLE_MS\n");
+  fprintf(stderr, "usage: neighbours second | neighbours burst | neighbours turns ROUNDS IDLE_MS\n");
   return 2;
 }

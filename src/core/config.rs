@@ -122,6 +122,8 @@ pub struct Config {
     pub trace: Option<String>,
     /// `SOMA_SNAPSHOT`: where the out-of-memory snapshot goes, if anywhere.
     pub snapshot: Option<String>,
+    /// Allocations are counted under the library that called them (`SOMA_BY_LIBRARY`).
+    pub by_library: bool,
     pub meminfo: MemInfo,
     pub passthrough_callers: Vec<String>,
     pub log: String,
@@ -397,6 +399,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store!(snapshot, Path),
     },
     Variable {
+        name: "SOMA_BY_LIBRARY",
+        kind: Kind::Flag,
+        default: "1",
+        doc: "1: each allocation is counted under the library that called it (SOMA_STATS, somarun --ps, SOMA_SNAPSHOT); 0: not counted, and those tables have no rows by library.",
+        store: store!(by_library, Flag),
+    },
+    Variable {
         name: "SOMA_MEMINFO",
         kind: Kind::MemInfo,
         default: "real",
@@ -568,6 +577,7 @@ impl Config {
             stats: StatsOutput::Off,
             trace: None,
             snapshot: None,
+            by_library: false,
             meminfo: MemInfo::Real,
             passthrough_callers: Vec::new(),
             log: String::new(),

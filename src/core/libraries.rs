@@ -58,6 +58,8 @@ pub struct LibraryFigures {
 }
 
 pub struct Libraries {
+    /// Allocations are counted (`SOMA_BY_LIBRARY`); if not, every figure stays 0.
+    counting: bool,
     /// The file of the object holding an address, if any.
     resolve: fn(usize) -> Option<String>,
     sites: Box<[Site]>,
@@ -67,9 +69,10 @@ pub struct Libraries {
 }
 
 impl Libraries {
-    pub fn new(resolve: fn(usize) -> Option<String>) -> Libraries {
+    pub fn new(counting: bool, resolve: fn(usize) -> Option<String>) -> Libraries {
         let sites = (0..SITES).map(|_| Site { caller: AtomicUsize::new(0), library: AtomicU32::new(UNRESOLVED) });
         Libraries {
+            counting,
             resolve,
             sites: sites.collect(),
             counters: (0..LIBRARIES).map(|_| Counters::default()).collect(),
@@ -79,6 +82,9 @@ impl Libraries {
 
     /// A pool allocation of `size` bytes called from `caller`.
     pub fn allocated(&self, caller: usize, size: u64) {
+        if !self.counting {
+            return;
+        }
         let counters = &self.counters[self.library_of(caller)];
         let in_use = counters.in_use.fetch_add(size, Relaxed) + size;
         raise_peak(&counters.peak, in_use);
@@ -88,12 +94,18 @@ impl Libraries {
     /// A pool block of `size` bytes allocated from `caller` is no longer in
     /// use (freed, or gone with a reset).
     pub fn freed(&self, caller: usize, size: u64) {
+        if !self.counting {
+            return;
+        }
         self.counters[self.library_of(caller)].in_use.fetch_sub(size, Relaxed);
     }
 
     /// An allocation of `size` bytes from `caller` that the real allocator
     /// answered.
     pub fn passed_through(&self, caller: usize, size: u64) {
+        if !self.counting {
+            return;
+        }
         let counters = &self.counters[self.library_of(caller)];
         counters.passed_calls.fetch_add(1, Relaxed);
         add_saturating(&counters.passed_bytes, size);
@@ -223,7 +235,7 @@ mod tests {
 
     #[test]
     fn allocations_are_counted_under_the_object_that_called_them() {
-        let libraries = Libraries::new(fake_objects);
+        let libraries = Libraries::new(true, fake_objects);
         libraries.allocated(0x1010, 100);
         libraries.allocated(0x1020, 50); // another site of the same library
         libraries.allocated(0x2010, 7);
@@ -250,6 +262,21 @@ mod tests {
     }
 
     #[test]
+    fn with_counting_off_no_library_is_counted_or_resolved() {
+        fn never(_: usize) -> Option<String> {
+            panic!("nothing is resolved on the allocation path when counting is off")
+        }
+        let libraries = Libraries::new(false, never);
+        libraries.allocated(0x1010, 100);
+        libraries.passed_through(0x1010, 100);
+        libraries.freed(0x1010, 100);
+        assert!(libraries.figures().is_empty());
+        let mut table = String::new();
+        libraries.report(&mut table);
+        assert!(table.is_empty(), "{table}");
+    }
+
+    #[test]
     fn a_site_is_resolved_once_and_more_libraries_than_the_table_share_a_row() {
         use std::sync::atomic::AtomicUsize;
         static RESOLVED: AtomicUsize = AtomicUsize::new(0);
@@ -257,7 +284,7 @@ mod tests {
             RESOLVED.fetch_add(1, Relaxed);
             Some(format!("/lib/lib{}.so", address >> 12))
         }
-        let libraries = Libraries::new(one_object_per_page);
+        let libraries = Libraries::new(true, one_object_per_page);
         for _ in 0..3 {
             libraries.allocated(0x1_0008, 1);
         }
@@ -275,7 +302,7 @@ mod tests {
 
     #[test]
     fn threads_allocating_from_many_sites_lose_no_byte() {
-        let libraries = Libraries::new(fake_objects);
+        let libraries = Libraries::new(true, fake_objects);
         std::thread::scope(|scope| {
             for thread in 0..8usize {
                 let libraries = &libraries;

@@ -70,10 +70,11 @@ impl Allocator {
             Trace::create(path).map_err(warn).ok()
         });
         let events = config.snapshot.is_some().then(Events::default);
+        let libraries = Libraries::new(config.by_library, object_of);
         Allocator {
             config,
             stats: Stats::default(),
-            libraries: Libraries::new(object_of),
+            libraries,
             events,
             trace,
             forked_child: AtomicU32::new(0),
