@@ -9,10 +9,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 cases=${STRESS_CASES:-250000}
 seed=${PROPTEST_RNG_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')}
-# Settings per property: untracked runs 2, lagging_reclaimer 3 (LAGGING_SETTINGS),
-# past_the_default_limit 4 (LARGE_SETTINGS), the six others 1.
-properties=9
-settings=15
+# Settings per property: untracked runs 2, lagging_reclaimer 4 (LAGGING_SETTINGS),
+# past_the_default_limit 5 (LARGE_SETTINGS), large_blocks 4 (LARGE_BLOCK_SETTINGS),
+# the six others 1.
+properties=10
+settings=21
 echo "make stress: $cases cases per property and setting ($settings settings), PROPTEST_RNG_SEED=$seed"
 mkdir -p build
 log=build/stress.log # kept: a failure's input and message are in it

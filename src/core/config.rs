@@ -108,6 +108,9 @@ pub struct Config {
     pub track_work: bool,
     /// Requests of at most this many bytes come from the small-block pool (0: none).
     pub small_blocks: u64,
+    /// Requests of at least this many bytes come from the real allocator
+    /// and stay in the shim's cache when freed (0: none).
+    pub large_blocks: u64,
     /// Device memory the pool may hold per device (`Exact(u64::MAX)`: no cap).
     pub memory_limit: Bytes,
     /// How long a pool's unused memory is kept before it goes back to the
@@ -350,6 +353,13 @@ pub static VARIABLES: &[Variable] = &[
         store: store_bytes!(small_blocks),
     },
     Variable {
+        name: "SOMA_LARGE_BLOCKS",
+        kind: Kind::Size { allow_total: false },
+        default: "512MiB",
+        doc: "Requests of at least this size are allocated by the real cuMemAlloc, which maps memory faster than a pool grows, and their freed blocks wait in the shim's cache for reuse; one unused for SOMA_DECAY_MS, an out-of-memory and other processes' asks give them back with the real cuMemFree; 0: every size from the pool.",
+        store: store_bytes!(large_blocks),
+    },
+    Variable {
         name: "SOMA_MEMORY_LIMIT",
         kind: Kind::Share,
         default: "max",
@@ -570,6 +580,7 @@ impl Config {
             legacy_cache: LegacyCache::Auto,
             track_work: true,
             small_blocks: 0,
+            large_blocks: 0,
             memory_limit: Bytes::Exact(0),
             decay: None,
             neighbours: false,

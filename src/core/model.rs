@@ -30,6 +30,8 @@ const INVALID_VALUE: CuError = CuError(1);
 
 pub const DEVICE: i32 = 0;
 pub const PER_THREAD: Stream = Stream(2 as *mut c_void);
+/// The pool key of a block of the real allocator (`alloc_now`).
+const REAL_ALLOCATOR: usize = usize::MAX;
 
 /// What a program op does to memory: the checker's view of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +107,10 @@ struct State {
     events: HashMap<usize, Option<OpId>>,
     pools: HashMap<usize, PoolState>,
     /// Pool of each live block, and its size.
+    /// Live blocks: their pool (`REAL_ALLOCATOR`: from `alloc_now`) and size.
     allocated: HashMap<u64, (usize, u64)>,
+    /// Bytes of the live blocks of `alloc_now`.
+    real_bytes: u64,
     next_handle: usize,
     next_address: u64,
     capacity: u64,
@@ -157,6 +162,7 @@ impl SimGpu {
                 events: HashMap::new(),
                 pools: HashMap::new(),
                 allocated: HashMap::new(),
+                real_bytes: 0,
                 next_handle: 0x1000,
                 next_address: 0x7f00_0000_0000,
                 capacity,
@@ -287,12 +293,14 @@ impl SimGpu {
         *generation
     }
 
-    /// The pool (its handle) that handed out the live block `ptr`.
+    /// The pool (its handle) that handed out the live block `ptr`; None for
+    /// a block of the real allocator.
     pub fn pool_of(&self, ptr: u64) -> Option<usize> {
-        self.state().allocated.get(&ptr).map(|&(pool, _)| pool)
+        self.state().allocated.get(&ptr).map(|&(pool, _)| pool).filter(|&pool| pool != REAL_ALLOCATOR)
     }
 
-    /// Whether `ptr` is a live block of a pool (handed out, not yet freed to it).
+    /// Whether `ptr` is a live block of a pool or of the real allocator
+    /// (handed out, not yet freed).
     pub fn is_allocated(&self, ptr: u64) -> bool {
         self.state().allocated.contains_key(&ptr)
     }
@@ -753,7 +761,7 @@ impl Gpu for SimGpu {
             Some(index) => s.pools.get_mut(&pool_key).expect("found").freed.swap_remove(index).ptr,
             None => {
                 let reserved: u64 = s.pools.values().map(|p| p.reserved).sum();
-                if reserved + size > s.capacity {
+                if reserved + s.real_bytes + size > s.capacity {
                     return Err(OUT_OF_MEMORY);
                 }
                 let ptr = s.next_address;
@@ -796,10 +804,36 @@ impl Gpu for SimGpu {
         let Some((pool_key, size)) = s.allocated.remove(&ptr) else {
             return Err(INVALID_VALUE);
         };
-        if let Some(p) = s.pools.get_mut(&pool_key) {
+        if pool_key == REAL_ALLOCATOR {
+            // The shim waits for the device before it frees a block of its
+            // own: work still on it would write memory handed out again.
+            if s.ops.iter().any(|op| !op.done && op.touch.is_some_and(|t| t.ptr == ptr)) {
+                s.violations.early_reuse.push(format!("the real free of {ptr:#x} while work on it runs"));
+            }
+            s.real_bytes -= size;
+        } else if let Some(p) = s.pools.get_mut(&pool_key) {
             p.used -= size;
             p.reserved -= size;
         }
         Ok(())
+    }
+
+    fn alloc_now(&self, size: u64) -> CuResult<u64> {
+        let mut s = self.note("alloc_now");
+        if let Some(capturing) = s.global_capture() {
+            s.violations.capture.push("the shim's real allocation during a global capture".into());
+            s.streams.get_mut(&capturing).expect("found").capture = None;
+            return Err(CAPTURE_UNSUPPORTED);
+        }
+        let reserved: u64 = s.pools.values().map(|p| p.reserved).sum();
+        if reserved + s.real_bytes + size > s.capacity {
+            return Err(OUT_OF_MEMORY);
+        }
+        let ptr = s.next_address;
+        s.next_address += size.next_multiple_of(512);
+        s.real_bytes += size;
+        s.handed_out.push(ptr);
+        s.allocated.insert(ptr, (REAL_ALLOCATOR, size));
+        Ok(ptr)
     }
 }

@@ -82,6 +82,11 @@ trait Shim {
     /// What the shim promises about frees whose work is not yet done, when
     /// the program holds `in_use` bytes of the pool of a GPU of `capacity`.
     fn pending_bound(&self, in_use: u64, capacity: u64) -> u64;
+    /// Whether a freed block of `size` bytes counts toward that bound (the
+    /// real allocator's large blocks stay cached outside it).
+    fn bounded(&self, _size: u64) -> bool {
+        true
+    }
 }
 
 impl Shim for Allocator {
@@ -101,7 +106,7 @@ impl Shim for Allocator {
 
     fn free_async(&self, gpu: &SimGpu, ptr: u64, stream: Stream) {
         let freed = self.forget(Some(gpu), ptr, || gpu.free_async(ptr, stream).is_ok());
-        assert!(matches!(freed, Freed::Issued { .. }), "{freed:?}");
+        assert!(matches!(freed, Freed::Issued { .. } | Freed::Deferred), "{freed:?}");
     }
 
     fn stream_created(&self, gpu: &SimGpu, stream: Stream) {
@@ -145,6 +150,10 @@ impl Shim for Allocator {
         // Small blocks in the cache have a budget of their own, as large again.
         let small_budget = if self.config.small_blocks > 0 { limit } else { 0 };
         limit.max(in_use) + small_budget
+    }
+
+    fn bounded(&self, size: u64) -> bool {
+        self.config.large_blocks == 0 || size < self.config.large_blocks
     }
 }
 
@@ -412,7 +421,9 @@ impl<'a, S: Shim> Program<'a, S> {
         let pending: u64 = self
             .freed
             .iter()
-            .filter(|&(&ptr, &(_, generation))| gpu.work_before_free_unfinished(Touch { ptr, generation }))
+            .filter(|&(&ptr, &(size, generation))| {
+                self.shim.bounded(size) && gpu.work_before_free_unfinished(Touch { ptr, generation })
+            })
             .map(|(_, &(size, _))| size)
             .sum();
         // What the program held when it asked (the new block is the last).
@@ -497,16 +508,30 @@ fn violations_with_lagging_reclaimer(settings: &[(&str, &str)], actions: &[Actio
 
 /// The settings the large programs run under: each reaches the default
 /// pending limit's barriers by its own path.
-const LARGE_SETTINGS: [&[(&str, &str)]; 4] = [
+const LARGE_SETTINGS: [&[(&str, &str)]; 5] = [
     &[],
     &[("SOMA_TRACK_WORK", "0")],
     &[("SOMA_LEGACY_CACHE", "on")],
     &[("SOMA_SMALL_BLOCKS", "0")],
+    &[("SOMA_LARGE_BLOCKS", "16MiB")],
+];
+
+/// The settings under which blocks of the real allocator (`SOMA_LARGE_BLOCKS`)
+/// are common in the small programs: in every order of frees.
+const LARGE_BLOCK_SETTINGS: [&[(&str, &str)]; 4] = [
+    &[("SOMA_LARGE_BLOCKS", "2MiB")],
+    &[("SOMA_LARGE_BLOCKS", "2MiB"), ("SOMA_FREE_ORDER", "barrier")],
+    &[("SOMA_LARGE_BLOCKS", "1MiB"), ("SOMA_PENDING_FREE_LIMIT", "0")],
+    &[("SOMA_LARGE_BLOCKS", "2MiB"), ("SOMA_LEGACY_CACHE", "on")],
 ];
 
 /// The settings the lagging reclaimer's programs run under.
-const LAGGING_SETTINGS: [&[(&str, &str)]; 3] =
-    [&[], &[("SOMA_FREE_ORDER", "barrier")], &[("SOMA_PENDING_FREE_LIMIT", "0")]];
+const LAGGING_SETTINGS: [&[(&str, &str)]; 4] = [
+    &[],
+    &[("SOMA_FREE_ORDER", "barrier")],
+    &[("SOMA_PENDING_FREE_LIMIT", "0")],
+    &[("SOMA_LARGE_BLOCKS", "2MiB")],
+];
 
 proptest! {
     #![proptest_config(search())]
@@ -551,6 +576,14 @@ proptest! {
         // With only blocking streams, every free keeps its block in the cache.
         let found = violations_of(&allocator(&[("SOMA_LEGACY_CACHE", "on")]), &actions, seed);
         prop_assert!(found.is_empty(), "{found:#?}");
+    }
+
+    #[test]
+    fn no_block_is_reused_before_earlier_work_large_blocks((actions, seed) in program()) {
+        for settings in LARGE_BLOCK_SETTINGS {
+            let found = violations_of(&allocator(settings), &actions, seed);
+            prop_assert!(found.is_empty(), "{settings:?}: {found:#?}");
+        }
     }
 
     #[test]
@@ -1492,4 +1525,72 @@ fn unused_pool_memory_decays_or_is_given_back_when_asked() {
         gpu.drain();
         assert!(gpu.violations().is_empty(), "{what}: {:?}", gpu.violations());
     }
+}
+
+/// Blocks of at least `SOMA_LARGE_BLOCKS` bytes come from the real allocator
+/// (no pool holds them), stay cached when freed, past the pending-free limit,
+/// for the next allocation of their size (no driver call), and go back with
+/// the real free only once their work is done: when a neighbour asks, and not
+/// before. With only blocking streams, and with a non-blocking one.
+#[test]
+fn large_blocks_come_from_the_real_allocator_and_go_back_to_it_after_their_work() {
+    for (seed, nonblocking) in (0..8).flat_map(|seed| [(seed, false), (seed, true)]) {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let shim = allocator(&[("SOMA_LARGE_BLOCKS", "2MiB"), ("SOMA_PENDING_FREE_LIMIT", "1MiB")]);
+        let stream = if nonblocking {
+            let stream = gpu.program_stream(true);
+            Shim::stream_created(&shim, &gpu, stream);
+            stream
+        } else {
+            Stream::LEGACY
+        };
+        let large = Shim::malloc(&shim, &gpu, 3 * MIB).expect("served");
+        let small = Shim::malloc(&shim, &gpu, MIB).expect("served");
+        assert_eq!(gpu.pool_of(large), None, "{seed}: the large block is the real allocator's");
+        assert!(gpu.pool_of(small).is_some(), "{seed}: the small one the pool's");
+        for ptr in [large, small] {
+            let touch = Touch { ptr, generation: gpu.next_generation(ptr) };
+            shim.launch(&gpu, stream, Some(touch));
+            gpu.program_freed(touch);
+            Shim::free(&shim, &gpu, ptr);
+        }
+        gpu.progress(1);
+        if nonblocking {
+            gpu.drain(); // the frees pass, and the reclaimer's step caches the block
+            shim.reclaim_all(&gpu);
+        }
+        let before = gpu.work_calls();
+        let again = Shim::malloc(&shim, &gpu, 3 * MIB).expect("served");
+        assert_eq!((again, gpu.work_calls()), (large, before), "{seed}: reused from the cache, with no driver call");
+        let touch = Touch { ptr: again, generation: gpu.next_generation(again) };
+        shim.launch(&gpu, stream, Some(touch));
+        gpu.program_freed(touch);
+        Shim::free(&shim, &gpu, again);
+        assert!(gpu.is_allocated(large), "{seed}: kept after its free");
+        if nonblocking {
+            // Joined, passed and cached (a give-back takes only cached blocks).
+            shim.reclaim_all(&gpu);
+            gpu.drain();
+            shim.reclaim_all(&gpu);
+        }
+        // A neighbour asks while the work may still run (only blocking
+        // streams: kept in the legacy stream's order): the real free waits for it.
+        let given = shim.give_back(&gpu, None);
+        assert!(!gpu.is_allocated(large), "{seed}: given back to the real allocator");
+        assert!(given >= 3 * MIB, "{seed}: {given} bytes given back");
+        gpu.drain();
+        let v = gpu.violations();
+        assert!(v.early_reuse.is_empty() && v.misuse.is_empty(), "{seed}: {v:?}");
+    }
+}
+
+/// The model catches a real free of a large block while its work runs: the
+/// check above has teeth.
+#[test]
+fn a_real_free_while_work_runs_is_caught() {
+    let gpu = SimGpu::new(1, CAPACITY);
+    let ptr = gpu.alloc_now(3 * MIB).expect("room");
+    gpu.launch(Stream::LEGACY, Touch { ptr, generation: gpu.next_generation(ptr) });
+    gpu.free_now(ptr).expect("live");
+    assert_eq!(gpu.violations().early_reuse.len(), 1, "{:?}", gpu.violations());
 }

@@ -83,8 +83,9 @@ struct Cached {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Keep {
     /// Those cached lately, the newest first, while the blocks held
-    /// (pending and cached, small blocks in the cache aside) stay within
-    /// `within` bytes, and the small blocks in the cache within as much again.
+    /// (pending and cached, small and large blocks in the cache aside) stay
+    /// within `within` bytes, and the small blocks in the cache within as
+    /// much again; large blocks until unused for their age.
     Young { within: u64 },
     None,
 }
@@ -94,6 +95,12 @@ pub struct PendingFrees {
     /// Blocks of at most this many bytes are small: they come from a pool of
     /// their own, and in the cache they have a budget of their own (0: none).
     small_blocks: u64,
+    /// Blocks of at least this many bytes are large: they come from the real
+    /// allocator, and the cache keeps them, outside any budget, until they
+    /// are unused for `large_age` (0: none).
+    large_blocks: u64,
+    /// `SOMA_DECAY_MS`; None: large blocks are kept until asked for.
+    large_age: Option<Duration>,
     /// Which of the context's pools these frees are of, as streams tell
     /// each pool apart (`StreamWork`).
     observer: Observer,
@@ -108,6 +115,8 @@ pub struct PendingFrees {
     cached_bytes: AtomicU64,
     /// The small blocks' share of `cached_bytes`.
     small_cached_bytes: AtomicU64,
+    /// The large blocks' share of `cached_bytes`.
+    large_cached_bytes: AtomicU64,
 }
 
 /// What only the thread holding `reclaiming` touches.
@@ -121,14 +130,26 @@ pub struct Reclaiming {
 }
 
 impl PendingFrees {
-    /// Frees of a device whose blocks of at most `small_blocks` bytes are small.
-    pub fn new(small_blocks: u64, observer: Observer) -> PendingFrees {
-        PendingFrees { small_blocks, observer, ..PendingFrees::default() }
+    /// Frees of a device whose blocks of at most `small_blocks` bytes are
+    /// small, and of at least `large_blocks` (unless 0) large, these cached
+    /// for `large_age` unused (None: until asked for).
+    pub fn new(small_blocks: u64, large_blocks: u64, large_age: Option<Duration>, observer: Observer) -> PendingFrees {
+        PendingFrees { small_blocks, large_blocks, large_age, observer, ..PendingFrees::default() }
     }
 
     /// Whether a block of `size` bytes is small (see `small_blocks`).
     pub fn is_small(&self, size: u64) -> bool {
         size <= self.small_blocks
+    }
+
+    /// Whether any block is large (`large_blocks` is not 0).
+    pub fn large_blocks_on(&self) -> bool {
+        self.large_blocks > 0
+    }
+
+    /// Whether a block of `size` bytes is large (see `large_blocks`).
+    pub fn is_large(&self, size: u64) -> bool {
+        self.large_blocks > 0 && size >= self.large_blocks
     }
 
     /// The program freed `ptr`: no driver call.
@@ -170,9 +191,11 @@ impl PendingFrees {
     }
 
     /// The part of `held_bytes` that counts toward `SOMA_PENDING_FREE_LIMIT`:
-    /// all but the small blocks in the cache, which have a budget of their own.
+    /// all but the small blocks in the cache, which have a budget of their
+    /// own, and the large ones, which have none.
     pub fn bounded_bytes(&self) -> u64 {
-        self.held_bytes().saturating_sub(self.small_cached_bytes.load(Relaxed))
+        let apart = self.small_cached_bytes.load(Relaxed) + self.large_cached_bytes.load(Relaxed);
+        self.held_bytes().saturating_sub(apart)
     }
 
     /// Whether anything waits to be joined or to pass.
@@ -433,8 +456,8 @@ impl PendingFrees {
         // Counted before a block can be taken: the count never falls below the cache.
         self.cached_bytes.fetch_add(bytes, Relaxed);
         for block in blocks {
-            if self.is_small(block.size) {
-                self.small_cached_bytes.fetch_add(block.size, Relaxed);
+            if let Some(apart) = self.apart(block.size) {
+                apart.fetch_add(block.size, Relaxed);
             }
             cache.entry(block.size).or_default().push(Cached { ptr: block.ptr, since, in_legacy_order });
         }
@@ -452,29 +475,37 @@ impl PendingFrees {
         {
             let mut cache = lock(&self.cache);
             // Blocks cached before these go, by budget: (other blocks, small blocks).
+            let aged = Instant::now().checked_sub(CACHE_AGE);
             let release_before = match keep {
                 Keep::Young { within } => {
-                    let aged = Instant::now().checked_sub(CACHE_AGE);
                     let small = self.small_cached_bytes.load(Relaxed);
                     let over = |bytes: u64, small_ones: bool| {
-                        aged.max(oldest_to_release(&cache, bytes.saturating_sub(within), |size| self.is_small(size) == small_ones))
+                        let counted = |size| !self.is_large(size) && self.is_small(size) == small_ones;
+                        aged.max(oldest_to_release(&cache, bytes.saturating_sub(within), counted))
                     };
                     (over(self.bounded_bytes(), false), over(small, true))
                 }
                 Keep::None => (Some(after_all_cached()), Some(after_all_cached())),
             };
             for (&size, blocks) in cache.iter_mut() {
-                let cutoff = if self.is_small(size) { release_before.1 } else { release_before.0 };
+                let cutoff = match keep {
+                    Keep::Young { .. } if self.is_large(size) => self.large_age.and_then(|age| Instant::now().checked_sub(age)),
+                    _ if self.is_small(size) => release_before.1,
+                    _ => release_before.0,
+                };
                 let Some(cutoff) = cutoff else { continue };
                 // Oldest first: blocks are pushed in time order and popped from the back.
                 let keep_from = blocks.iter().position(|b| b.since >= cutoff).unwrap_or(blocks.len());
                 released.extend(blocks.drain(..keep_from).map(|b| (b.ptr, size, b.in_legacy_order)));
             }
             cache.retain(|_, blocks| !blocks.is_empty());
-            // Out of the cache, a small block has no budget of its own: on its
-            // way to the pool it counts toward the bound, as any other.
-            let small: u64 = released.iter().map(|&(_, size, _)| size).filter(|&size| self.is_small(size)).sum();
-            self.small_cached_bytes.fetch_sub(small, Relaxed);
+            // Out of the cache, a small or large block is counted apart no
+            // more: on its way back it counts toward the bound, as any other.
+            for &(_, size, _) in &released {
+                if let Some(apart) = self.apart(size) {
+                    apart.fetch_sub(size, Relaxed);
+                }
+            }
         }
         for (ptr, size, in_legacy_order) in released {
             map.returned(ptr);
@@ -486,10 +517,22 @@ impl PendingFrees {
     }
 
     fn uncount_cached(&self, size: u64) {
-        if self.is_small(size) {
-            self.small_cached_bytes.fetch_sub(size, Relaxed);
+        if let Some(apart) = self.apart(size) {
+            apart.fetch_sub(size, Relaxed);
         }
         self.cached_bytes.fetch_sub(size, Relaxed);
+    }
+
+    /// The count of the cached blocks of `size` bytes kept apart from the
+    /// bound (small or large), if they are.
+    fn apart(&self, size: u64) -> Option<&AtomicU64> {
+        if self.is_small(size) {
+            Some(&self.small_cached_bytes)
+        } else if self.is_large(size) {
+            Some(&self.large_cached_bytes)
+        } else {
+            None
+        }
     }
 
     /// The device is being reset: no join or return touches it again.
@@ -508,6 +551,7 @@ impl PendingFrees {
         self.pending_bytes.store(0, Relaxed);
         self.cached_bytes.store(0, Relaxed);
         self.small_cached_bytes.store(0, Relaxed);
+        self.large_cached_bytes.store(0, Relaxed);
         (ptrs, events)
     }
 }
@@ -565,7 +609,7 @@ mod tests {
     #[test]
     fn a_small_block_on_its_way_to_the_pool_counts_toward_the_bound() {
         let map = PointerMap::default();
-        let pending = PendingFrees::new(4, Observer::Device);
+        let pending = PendingFrees::new(4, 0, None, Observer::Device);
         pending.queue(1, 2);
         let block = lock(&pending.queued).pop().expect("queued");
         pending.cache_pending(vec![block], 2, false);
@@ -573,6 +617,26 @@ mod tests {
         let mut seen = Vec::new();
         pending.release_cached(Keep::None, &map, |_, _| seen.push(pending.bounded_bytes()));
         assert_eq!(seen, [2], "between the cache and the pool it counts toward the bound");
+        assert_eq!((pending.held_bytes(), pending.bounded_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn large_blocks_stay_cached_outside_the_bound_until_they_age() {
+        let map = PointerMap::default();
+        let pending = PendingFrees::new(0, 100, Some(Duration::from_secs(60)), Observer::Device);
+        for (ptr, size) in [(1, 100), (2, 300), (3, 8)] {
+            pending.queue(ptr, size);
+            let block = lock(&pending.queued).pop().expect("queued");
+            pending.cache_pending(vec![block], size, false);
+        }
+        assert_eq!((pending.held_bytes(), pending.bounded_bytes()), (408, 8), "only the 8 bytes count toward the bound");
+        let mut released = Vec::new();
+        pending.release_cached(Keep::Young { within: 0 }, &map, |ptr, _| released.push(ptr));
+        assert_eq!(released, [3], "past the bound, only the block that counts toward it goes");
+        assert_eq!(pending.take_cached(300), Some(2));
+        assert_eq!((pending.cached_bytes(), pending.bounded_bytes()), (100, 0));
+        pending.release_cached(Keep::None, &map, |ptr, _| released.push(ptr));
+        assert_eq!(released, [3, 1], "out of memory, or asked: every large block goes");
         assert_eq!((pending.held_bytes(), pending.bounded_bytes()), (0, 0));
     }
 

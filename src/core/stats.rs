@@ -79,6 +79,8 @@ pub struct Tally {
     pub queued_frees: AtomicU64,
     /// Allocations served from the cache, with no driver call.
     pub cache_hits: AtomicU64,
+    /// Allocations the real allocator made for the shim (`SOMA_LARGE_BLOCKS`).
+    pub large_blocks: AtomicU64,
 }
 
 impl DeviceCounters {
@@ -278,6 +280,7 @@ impl Stats {
                 let _ = writeln!(out, "  {:<28}{us:>9.2} us", "host time ordering a batch");
             }
             count(&mut out, "allocations from the cache", d.total(|t| &t.cache_hits));
+            count(&mut out, "large blocks (real allocator)", d.total(|t| &t.large_blocks));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));

@@ -346,10 +346,17 @@ impl Gpu for Driver {
         Ok(ptr)
     }
 
-    /// Frees a pool block at once, in no stream's order.
     fn free_now(&self, ptr: u64) -> CuResult<()> {
-        // SAFETY: `ptr` came from a pool of this driver and is freed once.
+        // SAFETY: `ptr` came from a pool of this driver or from `alloc_now`,
+        // and is freed once.
         check(unsafe { cu::cuMemFree_v2(ptr) })
+    }
+
+    fn alloc_now(&self, size: u64) -> CuResult<u64> {
+        let mut ptr: u64 = 0;
+        // SAFETY: one out-pointer to a local.
+        check(unsafe { cu::cuMemAlloc_v2(&mut ptr, size as usize) })?;
+        Ok(ptr)
     }
 
     fn free_async(&self, ptr: u64, stream: Stream) -> CuResult<()> {

@@ -132,8 +132,12 @@ pub trait Gpu {
     fn alloc_from_pool(&self, size: u64, pool: Pool, stream: Stream) -> CuResult<u64>;
     /// Frees a pool block in `stream`'s order.
     fn free_async(&self, ptr: u64, stream: Stream) -> CuResult<()>;
-    /// Frees a pool block at once, in no stream's order.
+    /// Frees a pool block, or a block of `alloc_now`, at once, in no
+    /// stream's order.
     fn free_now(&self, ptr: u64) -> CuResult<()>;
+    /// A block of `size` bytes from the real allocator (`cuMemAlloc`) in the
+    /// current context, usable at once from every stream.
+    fn alloc_now(&self, size: u64) -> CuResult<u64>;
 
     /// Runs `f` with `ctx` current on this thread, restoring the caller's context after.
     fn with_context<T>(&self, ctx: Context, f: impl FnOnce() -> T) -> CuResult<T> {

@@ -83,7 +83,11 @@ fn export(allocator: &'static Allocator, ptr: u64) -> Option<IpcHandle> {
     };
     // Pinned host memory from the host pool is not exportable (nor is the real allocator's).
     let block = allocator.live_block(base).filter(|block| !block.memory.is_host())?;
-    // A pool other processes cannot import: the real call answers.
+    // The real allocator's block, or a pool other processes cannot import:
+    // the real call answers.
+    if allocator.export_segment(driver, block.device, base) {
+        return None;
+    }
     allocator.shareable_pool(block.device, block.size)?;
     let endpoint = server_endpoint(allocator)?;
     let (secret, _) = allocator.export(driver, base, random_secret)?;

@@ -82,6 +82,9 @@ impl Allocator {
                         ptr
                     }
                     Served::Pool(ptr) => {
+                        if device.is_large(size) && device.is_segment(ptr) {
+                            self.stats.counters(device.ordinal, device.host).tally().large_blocks.fetch_add(1, Ordering::Relaxed);
+                        }
                         if let Some(stale) = self.map.insert(ptr, block) {
                             log::warn!("pointer map was stale at {ptr:#x} ({stale:?})");
                         }

@@ -106,6 +106,8 @@ impl Allocator {
                 }
                 counters.tally().legacy_cached_frees.fetch_add(1, Ordering::Relaxed)
             }
+            // The real free, as the program asked (natively it waits for the device too).
+            Ok(FreePath::Released) => driver.with_context_from(current, device.context, || self.release_segments(driver, &device)).unwrap_or(0),
             Ok(path @ (FreePath::Barrier | FreePath::Queued)) => {
                 self.reclaimer.wake();
                 raise_peak(&counters.peak_held, device.held_bytes());
@@ -144,6 +146,11 @@ impl Allocator {
     /// calls; true if it succeeded): the map forgets a live block; a pending
     /// one makes this a double free, which `real_free` never sees.
     pub fn forget(&self, driver: Option<&impl Gpu>, ptr: u64, real_free: impl FnOnce() -> bool) -> Freed {
+        if let Some(driver) = driver.filter(|_| self.is_segment(ptr)) {
+            // The real allocator's block, which no pool takes back: freed as
+            // by cudaFree, after all work so far (the stream's included).
+            return self.free(driver, ptr, MemoryKind::Device);
+        }
         let claim = match self.map.claim_for_free_async(ptr) {
             Claim::Shared(block) if self.shared_blocks.freed(ptr, block) => {
                 // Held for its importers, then freed by the shim, not by `real_free`.
@@ -203,6 +210,12 @@ impl Allocator {
         real_free();
     }
 
+    /// Whether the live block at `ptr` is a large block of the real allocator.
+    fn is_segment(&self, ptr: u64) -> bool {
+        let device = self.map.live_block(ptr).and_then(|block| self.known_device(block.device));
+        device.is_some_and(|device| device.is_segment(ptr))
+    }
+
     /// Waits until `device` is idle (`SOMA_FREE_SYNC=1`).
     pub fn synchronize_device(&self, driver: &impl Gpu, device: i32) {
         if let Some(device) = self.known_device(device) {
@@ -258,6 +271,10 @@ impl Allocator {
     pub(super) fn reclaim(&self, driver: &impl Gpu, device: &Device, wait: Wait) -> Activity {
         let registry = read(&self.streams);
         let after = registry.predecessors(device.context);
-        device.reclaim(driver, &after, &self.map, wait, self.stats.counters(device.ordinal, device.host))
+        let activity = device.reclaim(driver, &after, &self.map, wait, self.stats.counters(device.ordinal, device.host));
+        drop(registry);
+        // Out of every lock but the captures': it waits for the device.
+        self.release_segments(driver, device);
+        activity
     }
 }

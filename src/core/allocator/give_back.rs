@@ -54,6 +54,17 @@ impl Allocator {
         total
     }
 
+    /// Frees `device`'s large blocks out of the cache with the real free
+    /// (`Device::release_segments`), counted as given back. Its context must
+    /// be current, and no capture in progress.
+    pub(super) fn release_segments(&self, driver: &impl Gpu, device: &Device) -> u64 {
+        let given = device.release_segments(driver);
+        if given > 0 {
+            self.stats.counters(device.ordinal, device.host).given_back.fetch_add(given, Relaxed);
+        }
+        given
+    }
+
     /// The decay's checks that are due (`SOMA_DECAY_MS`), on every pool. By
     /// the reclaimer, between its steps.
     pub(super) fn decay_all(&self, driver: &impl Gpu) {
@@ -64,7 +75,7 @@ impl Allocator {
         self.give_back_from(driver, due.into_iter(), |device| {
             let counters = self.stats.counters(device.ordinal, device.host);
             let activity = counters.total(|t| &t.pool_allocs) + counters.total(|t| &t.pool_frees);
-            device.decay(driver, &self.map, activity)
+            device.decay(driver, &self.map, activity) + device.release_segments(driver)
         });
     }
 
@@ -72,7 +83,7 @@ impl Allocator {
     /// pinned host pools too) hold and the program does not use. Bytes given back.
     pub fn give_back(&self, driver: &impl Gpu, uuid: Option<[u8; 16]>) -> u64 {
         let pools = self.every_pool().filter(|device| uuid.map_or(true, |uuid| !device.host && device.uuid == uuid));
-        self.give_back_from(driver, pools, |device| device.give_back(driver, &self.map))
+        self.give_back_from(driver, pools, |device| device.give_back(driver, &self.map) + device.release_segments(driver))
     }
 
     /// The figures of the pool at `index` (devices first, then pinned host pools).

@@ -51,6 +51,25 @@ impl Allocator {
         }
     }
 
+    /// The real CUDA IPC serves the block at `ptr` of device `ordinal`: a
+    /// large block of the real allocator, which from now on is freed by the
+    /// real free (another process may map it). False for a pool block.
+    pub fn export_segment(&self, driver: &impl Gpu, ordinal: i32, ptr: u64) -> bool {
+        let Some(device) = self.known_device(ordinal) else { return false };
+        let Some(first) = device.export_segment(ptr) else { return false };
+        if first {
+            // It may be a block handed out again in the legacy stream's
+            // order, its old owner's work still running; another process's
+            // work on it is ordered after none of this one's (natively the
+            // free before the reuse waited): the device finishes it first.
+            let waited = driver.with_context(device.context, || driver.synchronize_context());
+            if let Err(e) = waited.and_then(|r| r) {
+                log::warn!("device {ordinal}: waiting for the device before exporting {ptr:#x} failed: {e:?}");
+            }
+        }
+        true
+    }
+
     /// The pool of device `ordinal` that serves blocks of `size` bytes, its
     /// context and that context's unique id (a new one after a reset), if the
     /// pool can be shared with other processes.

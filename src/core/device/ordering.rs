@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use super::pool::Device;
 use crate::core::config::{FreeOrder, LegacyCache};
-use crate::core::locks::thread_number;
+use crate::core::locks::{lock, thread_number};
 use crate::core::pending::{Keep, Reclaiming};
 use crate::core::ptrmap::PointerMap;
 use crate::core::reclaimer::Activity;
@@ -107,6 +107,9 @@ pub enum FreePath {
     Barrier,
     /// Queued for the reclaimer, to be joined.
     Queued,
+    /// A large block exported through the real CUDA IPC, for the real free
+    /// (`Device::release_segments`).
+    Released,
 }
 
 impl Device {
@@ -236,16 +239,22 @@ impl Device {
     /// at once; one ordered on the legacy stream, whose work may still run,
     /// on that stream, where allocations reuse it in its order (and others
     /// only once the GPU has passed it).
+    /// A large block of the real allocator waits for `release_segments` instead.
     pub(super) fn return_to_pool(&self, driver: &impl Gpu, ptr: u64, in_legacy_order: bool) {
+        if self.is_segment(ptr) {
+            lock(&self.segments_to_release).push(ptr);
+            return;
+        }
         let stream = if in_legacy_order { Stream::LEGACY } else { self.pool_stream };
         if let Err(e) = driver.free_async(ptr, stream) {
             log::warn!("device {}: returning a block to the pool failed: {e:?}", self.ordinal);
         }
     }
 
-    /// Whether frees wait to be ordered or to pass, or blocks sit in the cache.
+    /// Whether frees wait to be ordered or to pass, or blocks sit in the
+    /// cache or wait for the real free.
     pub fn holds_frees(&self) -> bool {
-        self.pending.busy() || self.pending.cached_bytes() > 0
+        self.pending.busy() || self.pending.cached_bytes() > 0 || self.has_segments_to_release()
     }
 
     /// Returns the block at `ptr` to the pool once all work issued so far on
@@ -263,28 +272,37 @@ impl Device {
         map: &PointerMap,
         side_work: &SideWork,
     ) -> CuResult<FreePath> {
+        if self.segment_exported(ptr) {
+            // Another process may map it: never handed out again.
+            map.returned(ptr);
+            lock(&self.segments_to_release).push(ptr);
+            return Ok(FreePath::Released);
+        }
         // Host memory is never reused in a stream's order (see the module doc).
         let only_blocking = !self.host && after.nonblocking.is_empty() && after.tails.is_empty();
         let on_legacy = only_blocking || self.order == FreeOrder::Barrier;
         if self.switch_streams(on_legacy) {
             log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });
         }
+        let segment = self.is_segment(ptr);
         let keep = only_blocking
-            && match self.legacy_cache {
+            && (match self.legacy_cache {
                 LegacyCache::On => true,
                 LegacyCache::Off => false,
                 // Every free with only blocking streams is noted.
                 LegacyCache::Auto => self.turns.0.note(thread_number()) || !side_work.unmarked(self.ordinal),
             }
             // Checked, then cached: threads freeing at once may pass it by a block each.
-            && self.pending.has_room(size, self.pending_free_limit);
+            && self.pending.has_room(size, self.pending_free_limit)
+            // A large block of the real allocator has no pool to go back to.
+                || segment);
         if keep {
             if let Some(marked) = self.order_kept(driver, side_work) {
                 self.pending.cache_in_legacy_order(ptr, size);
                 return Ok(FreePath::LegacyCached { marked });
             }
         }
-        if only_blocking {
+        if only_blocking && !segment {
             // The legacy stream orders every blocking stream: freed in its
             // order, reused in its order. Last: if anything failed, the block
             // stays allocated (never reused unsafely).

@@ -2,13 +2,14 @@
 //! its teardown at a reset. How frees are ordered before its blocks are
 //! handed out again: `ordering`.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::core::config::{Config, FreeOrder, LegacyCache, PoolChoice};
 use crate::core::decay::Window;
-use crate::core::locks::Padded;
+use crate::core::locks::{lock, Padded};
 use crate::core::pending::PendingFrees;
 use crate::core::stats::PoolPeaks;
 use crate::core::streams::Observer;
@@ -78,6 +79,15 @@ pub struct Device {
     pub(super) memory_limit: Option<u64>,
     /// Frees queued, joined or cached, and the blocks they become.
     pub(super) pending: PendingFrees,
+    /// The large blocks (`SOMA_LARGE_BLOCKS`) of the real allocator the
+    /// shim holds (in use, pending or cached), by address.
+    pub(super) segments: Mutex<HashMap<u64, Segment>>,
+    /// Large blocks out of the cache, waiting for the real free
+    /// (`release_segments`), which no thread does while it holds a lock
+    /// another thread's allocation needs.
+    pub(super) segments_to_release: Mutex<Vec<u64>>,
+    /// Bytes of `segments`.
+    pub(super) segment_bytes: AtomicU64,
     /// The decay's checks (`SOMA_DECAY_MS`; None: never).
     pub(super) decay: Mutex<Option<Window>>,
     /// Held while the pools are trimmed (`release.rs`).
@@ -85,6 +95,15 @@ pub struct Device {
     /// Each pool's used high-water mark before the decay last started it
     /// again: the peak the statistics report.
     pub(super) used_high_before: [AtomicU64; 2],
+}
+
+/// A large block of the real allocator.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Segment {
+    pub(super) size: u64,
+    /// Exported through the real CUDA IPC: another process may map it, so
+    /// it is never handed out again; its free is the real one.
+    pub(super) exported: bool,
 }
 
 /// Why an allocation did not come from the pool.
@@ -135,6 +154,7 @@ impl Device {
         } else {
             None
         };
+        let memory_limit = Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total);
         Ok(Device {
             ordinal,
             host,
@@ -162,11 +182,18 @@ impl Device {
             pending_free_limit: config.pending_free_limit.resolve(total),
             legacy_cache: config.legacy_cache,
             turns: Padded::default(),
-            memory_limit: Some(config.memory_limit.resolve(total)).filter(|&limit| !host && limit < total),
+            memory_limit,
             pending: PendingFrees::new(
                 if small_pool.is_some() { config.small_blocks } else { 0 },
+                // Not where a limit counts the pool's bytes, nor in the
+                // program's own pool, whose attributes it may read.
+                if owns_pool && !host && memory_limit.is_none() { config.large_blocks } else { 0 },
+                config.decay,
                 if host { Observer::Host } else { Observer::Device },
             ),
+            segments: Mutex::new(HashMap::new()),
+            segments_to_release: Mutex::new(Vec::new()),
+            segment_bytes: AtomicU64::new(0),
             decay: Mutex::new(config.decay.map(|delay| Window::new(delay, Instant::now()))),
             trimming: Mutex::new(()),
             used_high_before: Default::default(),
@@ -205,6 +232,11 @@ impl Device {
             log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
             self.trim(driver, legacy_allowed)?;
         }
+        // The real allocator: not during a capture, which a real allocation
+        // on another thread could break.
+        if legacy_allowed && self.is_large(size) {
+            return self.alloc_segment(driver, size);
+        }
         let ptr = driver.alloc_from_pool(size, self.pool_for(size), stream).map_err(|e| {
             if e.is_out_of_memory() {
                 AllocFailure::OutOfMemory
@@ -235,6 +267,70 @@ impl Device {
         Ok(ptr)
     }
 
+    /// A large block from the real allocator (`SOMA_LARGE_BLOCKS`): it maps
+    /// memory faster than the pool grows (docs/FACTS.md, "Growth and trim").
+    fn alloc_segment(&self, driver: &impl Gpu, size: u64) -> Result<u64, AllocFailure> {
+        let ptr = driver.alloc_now(size).map_err(|e| if e.is_out_of_memory() { AllocFailure::OutOfMemory } else { AllocFailure::Driver(e) })?;
+        lock(&self.segments).insert(ptr, Segment { size, exported: false });
+        self.segment_bytes.fetch_add(size, Relaxed);
+        Ok(ptr)
+    }
+
+    /// Whether a request of `size` bytes is large (`SOMA_LARGE_BLOCKS`).
+    pub fn is_large(&self, size: u64) -> bool {
+        self.pending.is_large(size)
+    }
+
+    pub(super) fn has_segments_to_release(&self) -> bool {
+        self.pending.large_blocks_on() && !lock(&self.segments_to_release).is_empty()
+    }
+
+    /// Whether the block at `ptr` is a large block of the real allocator.
+    pub fn is_segment(&self, ptr: u64) -> bool {
+        self.pending.large_blocks_on() && lock(&self.segments).contains_key(&ptr)
+    }
+
+    /// The real CUDA IPC exports the large block at `ptr`, if it is one:
+    /// from now on its free is the real one (another process may map it).
+    /// None if it is not one; else whether this is its first export.
+    pub fn export_segment(&self, ptr: u64) -> Option<bool> {
+        if !self.pending.large_blocks_on() {
+            return None;
+        }
+        lock(&self.segments).get_mut(&ptr).map(|segment| !std::mem::replace(&mut segment.exported, true))
+    }
+
+    /// Whether the large block at `ptr` was exported (`export_segment`).
+    pub(super) fn segment_exported(&self, ptr: u64) -> bool {
+        self.pending.large_blocks_on() && lock(&self.segments).get(&ptr).is_some_and(|segment| segment.exported)
+    }
+
+    /// Frees the large blocks out of the cache with the real free, once the
+    /// device has finished all work issued so far (the work before their
+    /// frees may still run). The device's context must be current, and no
+    /// capture in progress. Returns the bytes given back.
+    pub fn release_segments(&self, driver: &impl Gpu) -> u64 {
+        let ptrs = std::mem::take(&mut *lock(&self.segments_to_release));
+        if ptrs.is_empty() {
+            return 0;
+        }
+        if let Err(e) = driver.synchronize_context() {
+            log::warn!("device {}: waiting for the device before freeing large blocks failed: {e:?}", self.ordinal);
+            lock(&self.segments_to_release).extend(ptrs);
+            return 0;
+        }
+        let mut given_back = 0;
+        for ptr in ptrs {
+            let Some(segment) = lock(&self.segments).remove(&ptr) else { continue };
+            self.segment_bytes.fetch_sub(segment.size, Relaxed);
+            match driver.free_now(ptr) {
+                Ok(()) => given_back += segment.size,
+                Err(e) => log::warn!("device {}: freeing the large block at {ptr:#x} failed: {e:?}", self.ordinal),
+            }
+        }
+        given_back
+    }
+
     /// Returns the pool's unused memory to the driver. It releases only
     /// blocks whose free the GPU has passed: the host waits for the streams
     /// blocks are freed on (the pool stream, and the legacy stream unless a
@@ -247,9 +343,10 @@ impl Device {
         self.pools().try_for_each(|pool| driver.trim(pool, 0)).map_err(AllocFailure::Driver)
     }
 
-    /// Bytes the pools hold now, used or not.
+    /// Bytes the pools and the large blocks hold now, used or not.
     pub fn reserved(&self, driver: &impl Gpu) -> u64 {
-        self.pools().map(|pool| driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0)).sum()
+        let pools: u64 = self.pools().map(|pool| driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0)).sum();
+        pools + self.segment_bytes.load(Relaxed)
     }
 
     /// The pools' high-water marks, if they can still be asked; with two
@@ -300,8 +397,15 @@ impl Device {
     /// context must be current. Errors are ignored: the reset destroys it all anyway.
     pub fn destroy(&self, driver: &impl Gpu, live: &[u64]) {
         let (held, events) = self.pending.close();
-        for ptr in live.iter().chain(&held) {
-            let _ = driver.free_async(*ptr, self.pool_stream);
+        let segments = std::mem::take(&mut *lock(&self.segments));
+        let released = std::mem::take(&mut *lock(&self.segments_to_release));
+        self.segment_bytes.store(0, Relaxed);
+        if !segments.is_empty() {
+            // Their real free, at once: after the work that may still use them.
+            let _ = driver.synchronize_context();
+        }
+        for ptr in live.iter().chain(&held).chain(&released) {
+            let _ = if segments.contains_key(ptr) { driver.free_now(*ptr) } else { driver.free_async(*ptr, self.pool_stream) };
         }
         let _ = driver.synchronize_stream(self.pool_stream);
         for event in events.into_iter().chain([self.legacy_free_mark]) {
@@ -331,7 +435,10 @@ impl Device {
         if !self.owns_pool {
             return; // the device's default pool is reset with the device
         }
-        for ptr in live.iter().chain(&held) {
+        let released = std::mem::take(&mut *lock(&self.segments_to_release));
+        lock(&self.segments).clear();
+        self.segment_bytes.store(0, Relaxed);
+        for ptr in live.iter().chain(&held).chain(&released) {
             let _ = driver.free_now(*ptr);
         }
         self.destroy_own_pools(driver);
