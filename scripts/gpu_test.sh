@@ -388,7 +388,8 @@ while IFS='|' read -r name prog args envs gpus san; do
   logfile "$name shim stdout" "$RUNS/$safe.shim.out"
   logfile "$name shim stderr" "$RUNS/$safe.shim.err"
   if [ ${#reasons[@]} -eq 0 ]; then
-    pass "$name" "$secs, pooled $sp"
+    large=$(large_blocks_of "$RUNS/$safe.shim.stats")
+    pass "$name" "$secs, pooled $sp$([ "$large" = 0 ] || echo ", large blocks $large")"
   else
     fail "$name" "$(
       IFS=';'
@@ -866,6 +867,7 @@ else
       # The shim goes into LD_PRELOAD inside the sanitizer's tree, in front of
       # whatever the sanitizer itself preloads, so it reaches the program only.
       # shellcheck disable=SC2086,SC2016
+      [[ $envs == *SOMA_STATS* ]] || e+=("SOMA_STATS=$RUNS/$safe.san.stats")
       env GPUTEST_QUICK=1 "${e[@]}" timeout "$T" "$SAN" "${SANFLAGS[@]}" \
         sh -c 'LD_PRELOAD="$0${LD_PRELOAD:+:$LD_PRELOAD}" exec "$@"' "$SHIM" "$BUILD/$prog" $args \
         >"$RUNS/$safe.san.out" 2>"$RUNS/$safe.san.err"
@@ -883,7 +885,9 @@ else
       reasons=()
       [ "$rc" = 0 ] || reasons+=("exit $rc")
       case "$summary" in *"ERROR SUMMARY: 0 errors"*) ;; *) reasons+=("$summary") ;; esac
-      if [ -z "$sp" ] || [ "$sp" = 0 ]; then reasons+=("pooled=${sp:-?}: the shim did not reach the program"); fi
+      if { [ -z "$sp" ] || [ "$sp" = 0 ]; } && [ "$(large_blocks_of "$RUNS/$safe.san.stats")" = 0 ]; then
+        reasons+=("pooled=${sp:-?}, no large blocks: the shim did not reach the program")
+      fi
       if [ ${#reasons[@]} -eq 0 ]; then
         pass "sanitizer:$name" "$secs, 0 errors, pooled $sp"
       else
