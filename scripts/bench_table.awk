@@ -22,20 +22,27 @@ function human(b) {
 }
 # stat(mode, key, which): sets S_n, S_med, S_min, S_max over the repetitions
 # of `which` ("us": time, "used": peak device memory used); returns S_n.
-function stat(mode, key, which,   n, i, j, a, x) {
+function stat(mode, key, which,   n, i, a) {
   n = cnt[mode, key] + 0
   S_n = n
   if (n == 0) return 0
   for (i = 1; i <= n; i++) a[i] = (which == "us") ? us[mode, key, i] : used[mode, key, i]
+  order(a, n)
+  S_min = O_min
+  S_max = O_max
+  S_med = O_med
+  return n
+}
+# order(a, n): sorts a[1..n] (n > 0) and sets O_min, O_max, O_med.
+function order(a, n,   i, j, x) {
   for (i = 2; i <= n; i++) {
     x = a[i]
     for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]
     a[j + 1] = x
   }
-  S_min = a[1]
-  S_max = a[n]
-  S_med = (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-  return n
+  O_min = a[1]
+  O_max = a[n]
+  O_med = (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
 function med(mode, key) { return stat(mode, key, "us") ? S_med : -1 }
 function cell(mode, key) { return stat(mode, key, "us") ? sprintf("%.2f", S_med) : "-" }
@@ -53,7 +60,7 @@ function ru(mode, key,   m) {
 # verdict(a, b, limit): ok if a <= limit * b, MISS if not, - without data
 # pairs(key): the ratio shim / nolib of each repetition that ran both; sets
 # P_n, P_med, P_min, P_max; returns P_n.
-function pairs(key,   i, j, n, a, x, r) {
+function pairs(key,   i, j, n, a) {
   n = 0
   for (i = 1; i <= cnt["shim", key]; i++)
     for (j = 1; j <= cnt["shimnolib", key]; j++)
@@ -63,14 +70,10 @@ function pairs(key,   i, j, n, a, x, r) {
       }
   P_n = n
   if (n == 0) return 0
-  for (i = 2; i <= n; i++) {
-    x = a[i]
-    for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]
-    a[j + 1] = x
-  }
-  P_min = a[1]
-  P_max = a[n]
-  P_med = (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  order(a, n)
+  P_min = O_min
+  P_max = O_max
+  P_med = O_med
   return n
 }
 function verdict(a, b, limit) {

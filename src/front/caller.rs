@@ -1,29 +1,89 @@
-//! Which library called an allocation, for `SOMA_PASSTHROUGH_CALLERS` and for
-//! the message when pool memory reaches CUDA IPC.
+//! Which library called an allocation, for `SOMA_PASSTHROUGH_CALLERS`, memory
+//! by library and the message when pool memory reaches CUDA IPC.
 //!
 //! `cudaMalloc` and `cuMemAlloc_v2` are entered through two-instruction
 //! trampolines (lib.rs) that pass their return address along; it is turned
-//! into the calling object's file name only when a name is needed.
+//! into the calling object's file name only when a name is needed, from a
+//! table of the loaded objects' address ranges (`dl_iterate_phdr`), made
+//! again only when an address falls in none of them: a library loaded since.
 
 use std::collections::HashMap;
-use std::ffi::CStr;
-use std::sync::Mutex;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::core::locks::lock;
 
+/// One loaded object's segment: its addresses `[start, end)` and its file.
+struct Range {
+    start: usize,
+    end: usize,
+    file: Arc<str>,
+}
+
+/// The loaded objects' segments, by start address.
+static LOADED: RwLock<Vec<Range>> = RwLock::new(Vec::new());
+
 /// The file of the loaded object containing `address`, if any.
 pub fn object_of(address: usize) -> Option<String> {
-    // SAFETY: all-zero is a valid Dl_info; dladdr only reads the address.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr fills `info` for any address, or returns 0.
-    if address == 0 || unsafe { libc::dladdr(address as *const libc::c_void, &mut info) } == 0 {
+    if address == 0 {
         return None;
     }
-    if info.dli_fname.is_null() {
-        return None;
+    if let Some(file) = find(&LOADED.read().unwrap_or_else(|e| e.into_inner()), address) {
+        return Some(file);
     }
-    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
-    Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
+    let mut ranges = LOADED.write().unwrap_or_else(|e| e.into_inner());
+    // Another thread may have made it again meanwhile.
+    if let Some(file) = find(&ranges, address) {
+        return Some(file);
+    }
+    *ranges = loaded_ranges();
+    find(&ranges, address)
+}
+
+fn find(ranges: &[Range], address: usize) -> Option<String> {
+    let after = ranges.partition_point(|range| range.start <= address);
+    let range = ranges[..after].last()?;
+    (address < range.end).then(|| range.file.to_string())
+}
+
+/// Every loaded object's loadable segments, sorted; the program's own under
+/// its executable's path.
+fn loaded_ranges() -> Vec<Range> {
+    let program: Arc<str> = std::env::current_exe().map(|path| path.to_string_lossy().into()).unwrap_or_else(|_| "".into());
+    let mut found: (Vec<Range>, Arc<str>) = (Vec::new(), program);
+    // SAFETY: the callback gets only `found`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(add_object), (&mut found as *mut (Vec<Range>, Arc<str>)).cast()) };
+    let mut ranges = found.0;
+    ranges.sort_by_key(|range| range.start);
+    ranges
+}
+
+/// `dl_iterate_phdr`'s callback: `data` is the `(ranges, program path)` being made.
+unsafe extern "C" fn add_object(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+    // SAFETY: the loader passes a valid `info` for the call, and `data` is
+    // `loaded_ranges`'s pair, borrowed by no one else meanwhile.
+    let (info, (ranges, program)) = unsafe { (&*info, &mut *data.cast::<(Vec<Range>, Arc<str>)>()) };
+    let name = if info.dlpi_name.is_null() {
+        ""
+    } else {
+        // SAFETY: a NUL-terminated name owned by the loader.
+        unsafe { CStr::from_ptr(info.dlpi_name) }.to_str().unwrap_or("")
+    };
+    // The program itself has no name here (nor has the vDSO, which allocates nothing).
+    let file: Arc<str> = if !name.is_empty() {
+        name.into()
+    } else if ranges.is_empty() {
+        program.clone()
+    } else {
+        return 0;
+    };
+    // SAFETY: `dlpi_phdr` holds `dlpi_phnum` program headers.
+    let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+    for header in headers.iter().filter(|header| header.p_type == libc::PT_LOAD) {
+        let start = info.dlpi_addr as usize + header.p_vaddr as usize;
+        ranges.push(Range { start, end: start + header.p_memsz as usize, file: file.clone() });
+    }
+    0
 }
 
 /// Whether a library file matches one of the configured names: a name
@@ -72,5 +132,16 @@ mod tests {
         assert!(filter.is_listed(here, &["no-such-library".to_string()]), "the first answer is kept per address");
         assert!(!CallerFilter::default().is_listed(here, &["no-such-library".to_string()]));
         assert_eq!(object_of(0), None);
+    }
+
+    #[test]
+    fn addresses_resolve_to_their_shared_object_and_none_outside() {
+        let in_libc = libc::malloc as *const () as usize;
+        let path = object_of(in_libc).expect("libc is loaded");
+        assert!(path.rsplit('/').next().unwrap().starts_with("libc"), "{path}");
+        let on_the_heap = Box::new(0u64);
+        assert_eq!(object_of(&*on_the_heap as *const u64 as usize), None, "heap memory is in no object");
+        let here = addresses_resolve_to_their_shared_object_and_none_outside as *const () as usize;
+        assert_eq!(object_of(here), std::env::current_exe().ok().map(|p| p.to_string_lossy().into_owned()));
     }
 }
