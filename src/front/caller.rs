@@ -77,7 +77,10 @@ unsafe extern "C" fn add_object(info: *mut libc::dl_phdr_info, _size: usize, dat
     } else {
         return 0;
     };
-    // SAFETY: `dlpi_phdr` holds `dlpi_phnum` program headers.
+    if info.dlpi_phdr.is_null() {
+        return 0;
+    }
+    // SAFETY: `dlpi_phdr` is non-null and holds `dlpi_phnum` program headers.
     let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
     for header in headers.iter().filter(|header| header.p_type == libc::PT_LOAD) {
         let start = info.dlpi_addr as usize + header.p_vaddr as usize;

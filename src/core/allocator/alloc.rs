@@ -140,6 +140,10 @@ impl Allocator {
         };
         if let Some(wait) = wait {
             self.reclaim(driver, device, wait);
+            if device.has_segments_to_release() {
+                // Their real free waits for the device: the reclaimer's, not this allocation's.
+                self.reclaimer.wake();
+            }
             if let Some(ptr) = device.take_cached(size) {
                 return Ok(Served::Cached(ptr));
             }
@@ -148,6 +152,7 @@ impl Allocator {
             Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) if quiet => {
                 counters.oom_retries.fetch_add(1, Ordering::Relaxed);
                 self.reclaim(driver, device, Wait::All);
+                self.release_segments(driver, device);
                 match device.alloc(driver, size, quiet, false) {
                     Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) => device.alloc(driver, size, quiet, true),
                     other => other,

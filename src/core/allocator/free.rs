@@ -146,9 +146,10 @@ impl Allocator {
     /// calls; true if it succeeded): the map forgets a live block; a pending
     /// one makes this a double free, which `real_free` never sees.
     pub fn forget(&self, driver: Option<&impl Gpu>, ptr: u64, real_free: impl FnOnce() -> bool) -> Freed {
-        if let Some(driver) = driver.filter(|_| self.is_segment(ptr)) {
+        if let Some(driver) = driver.filter(|_| !self.capture_in_progress() && self.is_segment(ptr)) {
             // The real allocator's block, which no pool takes back: freed as
             // by cudaFree, after all work so far (the stream's included).
+            // (During a capture the real call answers, as for a pool block.)
             return self.free(driver, ptr, MemoryKind::Device);
         }
         let claim = match self.map.claim_for_free_async(ptr) {
@@ -212,8 +213,8 @@ impl Allocator {
 
     /// Whether the live block at `ptr` is a large block of the real allocator.
     fn is_segment(&self, ptr: u64) -> bool {
-        let device = self.map.live_block(ptr).and_then(|block| self.known_device(block.device));
-        device.is_some_and(|device| device.is_segment(ptr))
+        let Some(block) = self.map.live_block(ptr) else { return false };
+        self.known_device(block.device).is_some_and(|device| device.is_large(block.size) && device.is_segment(ptr))
     }
 
     /// Waits until `device` is idle (`SOMA_FREE_SYNC=1`).
@@ -257,7 +258,13 @@ impl Allocator {
                 // call into the device forgets it; its streams are gone.
                 continue;
             }
-            match driver.with_context(device.context, || self.reclaim(driver, &device, Wait::No)) {
+            let step = || {
+                let activity = self.reclaim(driver, &device, Wait::No);
+                // Out of every lock but the captures': it waits for the device.
+                self.release_segments(driver, &device);
+                activity
+            };
+            match driver.with_context(device.context, step) {
                 Ok(this) => activity = activity.and(this),
                 Err(e) => log::warn!("device {}: cannot make its context current: {e:?}", device.ordinal),
             }
@@ -271,10 +278,6 @@ impl Allocator {
     pub(super) fn reclaim(&self, driver: &impl Gpu, device: &Device, wait: Wait) -> Activity {
         let registry = read(&self.streams);
         let after = registry.predecessors(device.context);
-        let activity = device.reclaim(driver, &after, &self.map, wait, self.stats.counters(device.ordinal, device.host));
-        drop(registry);
-        // Out of every lock but the captures': it waits for the device.
-        self.release_segments(driver, device);
-        activity
+        device.reclaim(driver, &after, &self.map, wait, self.stats.counters(device.ordinal, device.host))
     }
 }

@@ -55,18 +55,18 @@ impl Allocator {
     /// large block of the real allocator, which from now on is freed by the
     /// real free (another process may map it). False for a pool block.
     pub fn export_segment(&self, driver: &impl Gpu, ordinal: i32, ptr: u64) -> bool {
-        let Some(device) = self.known_device(ordinal) else { return false };
-        let Some(first) = device.export_segment(ptr) else { return false };
-        if first {
-            // It may be a block handed out again in the legacy stream's
-            // order, its old owner's work still running; another process's
-            // work on it is ordered after none of this one's (natively the
-            // free before the reuse waited): the device finishes it first.
-            let waited = driver.with_context(device.context, || driver.synchronize_context());
-            if let Err(e) = waited.and_then(|r| r) {
-                log::warn!("device {ordinal}: waiting for the device before exporting {ptr:#x} failed: {e:?}");
+        let Some(device) = self.known_device(ordinal).filter(|device| device.is_segment(ptr)) else { return false };
+        // Held until the end: no capture may begin while the legacy stream is
+        // marked or waited for; during one it may not be (the wait is skipped).
+        let captures = read(&self.captures);
+        if captures.is_empty() && !device.segment_exported(ptr) {
+            // As for a pool block (`Allocator::export`): one handed out again
+            // in the legacy stream's order may still have its old owner's work running.
+            if let Err(e) = driver.with_context(device.context, || device.wait_before_export(driver)).and_then(|r| r) {
+                log::warn!("device {ordinal}: waiting for the legacy stream before exporting {ptr:#x} failed: {e:?}");
             }
         }
+        device.export_segment(ptr);
         true
     }
 

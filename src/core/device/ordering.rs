@@ -272,7 +272,8 @@ impl Device {
         map: &PointerMap,
         side_work: &SideWork,
     ) -> CuResult<FreePath> {
-        if self.segment_exported(ptr) {
+        let segment = self.is_large(size) && self.is_segment(ptr);
+        if segment && self.segment_exported(ptr) {
             // Another process may map it: never handed out again.
             map.returned(ptr);
             lock(&self.segments_to_release).push(ptr);
@@ -284,7 +285,6 @@ impl Device {
         if self.switch_streams(on_legacy) {
             log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });
         }
-        let segment = self.is_segment(ptr);
         let keep = only_blocking
             && (match self.legacy_cache {
                 LegacyCache::On => true,

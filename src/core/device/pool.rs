@@ -88,6 +88,8 @@ pub struct Device {
     pub(super) segments_to_release: Mutex<Vec<u64>>,
     /// Bytes of `segments`.
     pub(super) segment_bytes: AtomicU64,
+    /// Held by the thread releasing large blocks (`release_segments`).
+    pub(super) releasing: Mutex<()>,
     /// The decay's checks (`SOMA_DECAY_MS`; None: never).
     pub(super) decay: Mutex<Option<Window>>,
     /// Held while the pools are trimmed (`release.rs`).
@@ -194,6 +196,7 @@ impl Device {
             segments: Mutex::new(HashMap::new()),
             segments_to_release: Mutex::new(Vec::new()),
             segment_bytes: AtomicU64::new(0),
+            releasing: Mutex::new(()),
             decay: Mutex::new(config.decay.map(|delay| Window::new(delay, Instant::now()))),
             trimming: Mutex::new(()),
             used_high_before: Default::default(),
@@ -281,7 +284,8 @@ impl Device {
         self.pending.is_large(size)
     }
 
-    pub(super) fn has_segments_to_release(&self) -> bool {
+    /// Whether large blocks wait for the real free (`release_segments`).
+    pub fn has_segments_to_release(&self) -> bool {
         self.pending.large_blocks_on() && !lock(&self.segments_to_release).is_empty()
     }
 
@@ -290,18 +294,16 @@ impl Device {
         self.pending.large_blocks_on() && lock(&self.segments).contains_key(&ptr)
     }
 
-    /// The real CUDA IPC exports the large block at `ptr`, if it is one:
-    /// from now on its free is the real one (another process may map it).
-    /// None if it is not one; else whether this is its first export.
-    pub fn export_segment(&self, ptr: u64) -> Option<bool> {
-        if !self.pending.large_blocks_on() {
-            return None;
+    /// The real CUDA IPC exports the large block at `ptr`: from now on its
+    /// free is the real one (another process may map it).
+    pub fn export_segment(&self, ptr: u64) {
+        if let Some(segment) = lock(&self.segments).get_mut(&ptr) {
+            segment.exported = true;
         }
-        lock(&self.segments).get_mut(&ptr).map(|segment| !std::mem::replace(&mut segment.exported, true))
     }
 
     /// Whether the large block at `ptr` was exported (`export_segment`).
-    pub(super) fn segment_exported(&self, ptr: u64) -> bool {
+    pub fn segment_exported(&self, ptr: u64) -> bool {
         self.pending.large_blocks_on() && lock(&self.segments).get(&ptr).is_some_and(|segment| segment.exported)
     }
 
@@ -310,6 +312,9 @@ impl Device {
     /// frees may still run). The device's context must be current, and no
     /// capture in progress. Returns the bytes given back.
     pub fn release_segments(&self, driver: &impl Gpu) -> u64 {
+        // One thread at a time: an out-of-memory waits here for a release
+        // another thread has begun. Only releasers take it.
+        let _releasing = lock(&self.releasing);
         let ptrs = std::mem::take(&mut *lock(&self.segments_to_release));
         if ptrs.is_empty() {
             return 0;
@@ -435,10 +440,12 @@ impl Device {
         if !self.owns_pool {
             return; // the device's default pool is reset with the device
         }
-        let released = std::mem::take(&mut *lock(&self.segments_to_release));
-        lock(&self.segments).clear();
+        // Large blocks went with the context (their addresses may be another
+        // allocation's by now): forgotten, not freed.
+        lock(&self.segments_to_release).clear();
+        let segments = std::mem::take(&mut *lock(&self.segments));
         self.segment_bytes.store(0, Relaxed);
-        for ptr in live.iter().chain(&held).chain(&released) {
+        for ptr in live.iter().chain(&held).filter(|ptr| !segments.contains_key(ptr)) {
             let _ = driver.free_now(*ptr);
         }
         self.destroy_own_pools(driver);
