@@ -864,12 +864,21 @@ fn a_stream_made_after_a_program_free_waits_for_the_work_before_it() {
         }
         let made_after = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, made_after);
-        gpu.program_freed(Touch { ptr: q, generation: gpu.next_generation(q) });
-        Shim::free(&shim, &gpu, q);
-        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        assert_eq!(again, p, "seed {seed}: the pool hands the block out again on the legacy stream");
-        assert!(!reused_early(&shim, &gpu, p, made_after), "seed {seed}, capture {capture}: {:?}", gpu.violations());
+        let early = cudafree_hands_out_again_early(&shim, &gpu, p, q, made_after, seed);
+        assert!(!early, "seed {seed}, capture {capture}: {:?}", gpu.violations());
     }
+}
+
+/// Frees `q` with `cudaFree` in barrier order, so that allocations move to
+/// the legacy stream, where the pool hands out `p` (which the program freed
+/// itself) to the next allocation; whether that block's new work then runs
+/// early on `stream`.
+fn cudafree_hands_out_again_early(shim: &Allocator, gpu: &SimGpu, p: u64, q: u64, stream: Stream, seed: u64) -> bool {
+    gpu.program_freed(Touch { ptr: q, generation: gpu.next_generation(q) });
+    Shim::free(shim, gpu, q);
+    let again = Shim::malloc(shim, gpu, MIB).expect("pooled");
+    assert_eq!(again, p, "seed {seed}: the pool hands the block out again on the legacy stream");
+    reused_early(shim, gpu, p, stream)
 }
 
 /// As above, with no non-blocking stream at the free (so nothing waited
@@ -888,11 +897,8 @@ fn a_stream_made_during_a_capture_after_a_program_free_waits_for_the_work_before
         let made_during = gpu.program_stream(true);
         Shim::stream_created(&shim, &gpu, made_during);
         Shim::end_capture(&shim, &gpu, PER_THREAD);
-        gpu.program_freed(Touch { ptr: q, generation: gpu.next_generation(q) });
-        Shim::free(&shim, &gpu, q);
-        let again = Shim::malloc(&shim, &gpu, MIB).expect("pooled");
-        assert_eq!(again, p, "seed {seed}: the pool hands the block out again on the legacy stream");
-        assert!(!reused_early(&shim, &gpu, p, made_during), "seed {seed}: {:?}", gpu.violations());
+        let early = cudafree_hands_out_again_early(&shim, &gpu, p, q, made_during, seed);
+        assert!(!early, "seed {seed}: {:?}", gpu.violations());
     }
 }
 

@@ -82,7 +82,7 @@ impl Allocator {
                         ptr
                     }
                     Served::Pool(ptr) => {
-                        if device.is_large(size) && device.is_segment(ptr) {
+                        if device.is_large(size) && device.segment(ptr).is_some() {
                             self.stats.counters(device.ordinal, device.host).tally().large_blocks.fetch_add(1, Ordering::Relaxed);
                         }
                         if let Some(stale) = self.map.insert(ptr, block) {

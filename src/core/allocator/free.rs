@@ -214,7 +214,7 @@ impl Allocator {
     /// Whether the live block at `ptr` is a large block of the real allocator.
     fn is_segment(&self, ptr: u64) -> bool {
         let Some(block) = self.map.live_block(ptr) else { return false };
-        self.known_device(block.device).is_some_and(|device| device.is_large(block.size) && device.is_segment(ptr))
+        self.known_device(block.device).is_some_and(|device| device.is_large(block.size) && device.segment(ptr).is_some())
     }
 
     /// Waits until `device` is idle (`SOMA_FREE_SYNC=1`).

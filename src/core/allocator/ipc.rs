@@ -55,11 +55,12 @@ impl Allocator {
     /// large block of the real allocator, which from now on is freed by the
     /// real free (another process may map it). False for a pool block.
     pub fn export_segment(&self, driver: &impl Gpu, ordinal: i32, ptr: u64) -> bool {
-        let Some(device) = self.known_device(ordinal).filter(|device| device.is_segment(ptr)) else { return false };
+        let Some(device) = self.known_device(ordinal) else { return false };
+        let Some(segment) = device.segment(ptr) else { return false };
         // Held until the end: no capture may begin while the legacy stream is
         // marked or waited for; during one it may not be (the wait is skipped).
         let captures = read(&self.captures);
-        if captures.is_empty() && !device.segment_exported(ptr) {
+        if captures.is_empty() && !segment.exported {
             // As for a pool block (`Allocator::export`): one handed out again
             // in the legacy stream's order may still have its old owner's work running.
             if let Err(e) = driver.with_context(device.context, || device.wait_before_export(driver)).and_then(|r| r) {

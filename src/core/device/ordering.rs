@@ -241,7 +241,7 @@ impl Device {
     /// only once the GPU has passed it).
     /// A large block of the real allocator waits for `release_segments` instead.
     pub(super) fn return_to_pool(&self, driver: &impl Gpu, ptr: u64, in_legacy_order: bool) {
-        if self.is_segment(ptr) {
+        if self.segment(ptr).is_some() {
             lock(&self.segments_to_release).push(ptr);
             return;
         }
@@ -272,8 +272,8 @@ impl Device {
         map: &PointerMap,
         side_work: &SideWork,
     ) -> CuResult<FreePath> {
-        let segment = self.is_large(size) && self.is_segment(ptr);
-        if segment && self.segment_exported(ptr) {
+        let segment = if self.is_large(size) { self.segment(ptr) } else { None };
+        if segment.is_some_and(|segment| segment.exported) {
             // Another process may map it: never handed out again.
             map.returned(ptr);
             lock(&self.segments_to_release).push(ptr);
@@ -295,14 +295,14 @@ impl Device {
             // Checked, then cached: threads freeing at once may pass it by a block each.
             && self.pending.has_room(size, self.pending_free_limit)
             // A large block of the real allocator has no pool to go back to.
-                || segment);
+                || segment.is_some());
         if keep {
             if let Some(marked) = self.order_kept(driver, side_work) {
                 self.pending.cache_in_legacy_order(ptr, size);
                 return Ok(FreePath::LegacyCached { marked });
             }
         }
-        if only_blocking && !segment {
+        if only_blocking && segment.is_none() {
             // The legacy stream orders every blocking stream: freed in its
             // order, reused in its order. Last: if anything failed, the block
             // stays allocated (never reused unsafely).

@@ -101,11 +101,11 @@ pub struct Device {
 
 /// A large block of the real allocator.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Segment {
-    pub(super) size: u64,
+pub struct Segment {
+    pub size: u64,
     /// Exported through the real CUDA IPC: another process may map it, so
     /// it is never handed out again; its free is the real one.
-    pub(super) exported: bool,
+    pub exported: bool,
 }
 
 /// Why an allocation did not come from the pool.
@@ -115,6 +115,17 @@ pub enum AllocFailure {
     /// The pool would reserve more than `SOMA_MEMORY_LIMIT`.
     OverLimit,
     Driver(CuError),
+}
+
+impl AllocFailure {
+    /// What a failed driver allocation means.
+    fn of(e: CuError) -> AllocFailure {
+        if e.is_out_of_memory() {
+            AllocFailure::OutOfMemory
+        } else {
+            AllocFailure::Driver(e)
+        }
+    }
 }
 
 impl Device {
@@ -240,13 +251,7 @@ impl Device {
         if legacy_allowed && self.is_large(size) {
             return self.alloc_segment(driver, size);
         }
-        let ptr = driver.alloc_from_pool(size, self.pool_for(size), stream).map_err(|e| {
-            if e.is_out_of_memory() {
-                AllocFailure::OutOfMemory
-            } else {
-                AllocFailure::Driver(e)
-            }
-        })?;
+        let ptr = driver.alloc_from_pool(size, self.pool_for(size), stream).map_err(AllocFailure::of)?;
         if self.memory_limit.is_some_and(|limit| self.reserved(driver) > limit) {
             // Given back in the stream's order, where it came from: the pool
             // can hand it out again at once, or release it when trimmed.
@@ -273,7 +278,7 @@ impl Device {
     /// A large block from the real allocator (`SOMA_LARGE_BLOCKS`): it maps
     /// memory faster than the pool grows (docs/FACTS.md, "Growth and trim").
     fn alloc_segment(&self, driver: &impl Gpu, size: u64) -> Result<u64, AllocFailure> {
-        let ptr = driver.alloc_now(size).map_err(|e| if e.is_out_of_memory() { AllocFailure::OutOfMemory } else { AllocFailure::Driver(e) })?;
+        let ptr = driver.alloc_now(size).map_err(AllocFailure::of)?;
         lock(&self.segments).insert(ptr, Segment { size, exported: false });
         self.segment_bytes.fetch_add(size, Relaxed);
         Ok(ptr)
@@ -289,9 +294,12 @@ impl Device {
         self.pending.large_blocks_on() && !lock(&self.segments_to_release).is_empty()
     }
 
-    /// Whether the block at `ptr` is a large block of the real allocator.
-    pub fn is_segment(&self, ptr: u64) -> bool {
-        self.pending.large_blocks_on() && lock(&self.segments).contains_key(&ptr)
+    /// The large block of the real allocator at `ptr`, if it is one.
+    pub fn segment(&self, ptr: u64) -> Option<Segment> {
+        if !self.pending.large_blocks_on() {
+            return None;
+        }
+        lock(&self.segments).get(&ptr).copied()
     }
 
     /// The real CUDA IPC exports the large block at `ptr`: from now on its
@@ -300,11 +308,6 @@ impl Device {
         if let Some(segment) = lock(&self.segments).get_mut(&ptr) {
             segment.exported = true;
         }
-    }
-
-    /// Whether the large block at `ptr` was exported (`export_segment`).
-    pub fn segment_exported(&self, ptr: u64) -> bool {
-        self.pending.large_blocks_on() && lock(&self.segments).get(&ptr).is_some_and(|segment| segment.exported)
     }
 
     /// Frees the large blocks out of the cache with the real free, once the
@@ -402,9 +405,7 @@ impl Device {
     /// context must be current. Errors are ignored: the reset destroys it all anyway.
     pub fn destroy(&self, driver: &impl Gpu, live: &[u64]) {
         let (held, events) = self.pending.close();
-        let segments = std::mem::take(&mut *lock(&self.segments));
-        let released = std::mem::take(&mut *lock(&self.segments_to_release));
-        self.segment_bytes.store(0, Relaxed);
+        let (segments, released) = self.take_segments();
         if !segments.is_empty() {
             // Their real free, at once: after the work that may still use them.
             let _ = driver.synchronize_context();
@@ -419,6 +420,13 @@ impl Device {
         let _ = driver.destroy_stream(self.pool_stream);
         let _ = driver.destroy_stream(self.join_stream);
         self.destroy_own_pools(driver);
+    }
+
+    /// Every large block, and those waiting for the real free, forgotten
+    /// (a reset): the caller frees them or not.
+    fn take_segments(&self) -> (HashMap<u64, Segment>, Vec<u64>) {
+        self.segment_bytes.store(0, Relaxed);
+        (std::mem::take(&mut *lock(&self.segments)), std::mem::take(&mut *lock(&self.segments_to_release)))
     }
 
     /// Destroys the pools the shim made (not the device's default pool,
@@ -442,9 +450,7 @@ impl Device {
         }
         // Large blocks went with the context (their addresses may be another
         // allocation's by now): forgotten, not freed.
-        lock(&self.segments_to_release).clear();
-        let segments = std::mem::take(&mut *lock(&self.segments));
-        self.segment_bytes.store(0, Relaxed);
+        let (segments, _) = self.take_segments();
         for ptr in live.iter().chain(&held).filter(|ptr| !segments.contains_key(ptr)) {
             let _ = driver.free_now(*ptr);
         }
