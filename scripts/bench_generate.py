@@ -18,11 +18,14 @@ the request (near the total, generation waits for the host). peak_device_used_mi
 cudaMemGetInfo's total - free, probed after every request (and every 8 tokens of the
 hand-written decoder), minus the value before the model. tokens_sha: a hash of every
 token generated: the same in every run of the same seed, whichever allocator (the
-check). Output: one JSON line on stdout; progress on stderr.
+check). Deterministic kernels (torch.use_deterministic_algorithms, cuBLAS's fixed
+workspace CUBLAS_WORKSPACE_CONFIG=:4096:8) make that hash depend on the model and the
+requests alone. Output: one JSON line on stdout; progress on stderr.
 """
 import argparse
 import hashlib
 import importlib.util
+import os
 import random
 import statistics
 import sys
@@ -116,7 +119,11 @@ class HfGpt2:
 
 
 def run(args, result):
+    # Before cuBLAS starts: its reductions then take the same order in every run.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
+
+    torch.use_deterministic_algorithms(True)
 
     result["torch"] = torch.__version__
     dev = torch.device(args.device)

@@ -4,7 +4,8 @@
 #
 #   scripts/bench_programs.sh path/to/libsomashim.so
 #
-# Scenarios (a group's first is its baseline, "x base" divides by it):
+# Scenarios (a group's first is its baseline, "x base" divides by it; its last, "<baseline>
+# again", runs the baseline a second time in the round: the noise floor):
 #   transformer/*, resnet/*  scripts/bench_torch.py --model M under
 #       caching            PyTorch's caching allocator (default)
 #       caching-off        PYTORCH_NO_CUDA_MEMORY_CACHING=1
@@ -17,10 +18,10 @@
 #   ddp2/*  (2+ GPUs only)   torchrun 2 ranks of scripts/bench_ddp.py: caching,
 #                            caching-off, caching-off+shim, cudaMallocAsync
 #
-# Environment: BENCH_REPS (3: every scenario runs that many times, one round of all
+# Environment: BENCH_REPS (5: every scenario runs that many times, one round of all
 # scenarios after another, so that a slow spell of the machine hits every allocator;
-# the table gives medians, ranges, and the median of each round's ratio to the
-# group's baseline in that round), PYTHON (python3), BENCH_STEPS (30) and BENCH_WARMUP (5) for the torch
+# the table gives medians, ranges, and each round's ratio to the group's baseline and
+# to its fastest own allocator in that round, as scripts/ratios.py takes them), PYTHON (python3), BENCH_STEPS (30) and BENCH_WARMUP (5) for the torch
 # and DDP runs, BENCH_RESNET_STEPS (default BENCH_STEPS), BENCH_DDP_STEPS (200: each DDP
 # step draws its sequence length, 64 to 512, so 30 steps sample few lengths and the
 # pool's first growth weighs on their median: docs/BENCHMARKS.md, "DDP, two ranks"),
@@ -39,7 +40,7 @@
 # Output: progress and the table on stdout; $OUT/programs.jsonl (one JSON line per
 # scenario) and $OUT/programs.log (environment, table, each scenario's stderr) if OUT
 # is set, else build/programs/. A failed scenario is reported and the rest go on;
-# the exit status is 1 if any failed. About 3-5 minutes a round on one H100/H200.
+# the exit status is 1 if any failed. About 4-6 minutes a round on one H100/H200.
 set -uo pipefail
 [ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
 cd "$(dirname "$0")/.." || exit 2
@@ -52,7 +53,7 @@ DDP_STEPS=${BENCH_DDP_STEPS:-200}
 CUPY_CHAINS=${BENCH_CUPY_CHAINS:-40}
 GEN_REQUESTS=${BENCH_GEN_REQUESTS:-12}
 T=${BENCH_TIMEOUT:-90}
-REPS=${BENCH_REPS:-3}
+REPS=${BENCH_REPS:-5}
 ONLY=${BENCH_ONLY:-}
 VARIANTS=()
 [ -n "${BENCH_SHIM_VARIANTS:-}" ] && IFS=';' read -r -a VARIANTS <<<"$BENCH_SHIM_VARIANTS"
@@ -75,7 +76,9 @@ done
 # The helpers: finish a scenario's JSON line (error line if none, shim statistics
 # merged in), and print the table. Run without the preload.
 HELPER=$(cat <<'PYEOF'
-import json, re, sys
+import json, os, re, sys
+sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
+import ratios
 
 def finalize(name, rc, out, err, stats, rnd):
     lines = [l for l in open(out, errors="replace").read().splitlines() if l.startswith("{")]
@@ -117,12 +120,10 @@ def finalize(name, rc, out, err, stats, rnd):
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
-def median(values):
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    n = len(values)
-    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+# The rows that are a framework's own allocator: the shim's rows are also given against the
+# fastest of them (by median), round by round.
+OWN = ("caching", "cudaMallocAsync", "pool")
+AGAIN = " again"
 
 def table(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
@@ -136,13 +137,16 @@ def table(path):
             runs[name] = []
             base.setdefault(name.split("/")[0], name)
         runs[name].append(r)
-    def ratios(name, of):
-        # Each round against the baseline's run of the same round.
-        bases = {r.get("round"): of(r) for r in runs[base[name.split("/")[0]]]}
-        return [of(r) / bases[r.get("round")] for r in runs[name]
-                if of(r) is not None and bases.get(r.get("round"))]
-    head = ("scenario", "ms", "[min-max]", "host ms", "x base", "dev MiB", "x base", "torch res MiB", "shim pool", "loss/check")
-    w = (max([30] + [len(n) for n in names]), 9, 17, 8, 7, 9, 7, 13, 18, 12)
+    by_round = lambda name, of: {r.get("round"): of(r) for r in runs[name]}
+    group = lambda name: name.split("/")[0]
+    def best_own(name):
+        own = [n for n in names if group(n) == group(name) and n.split("/", 1)[1] in OWN]
+        timed = [(ratios.median([ms_of(r) for r in runs[n]]), n) for n in own]
+        timed = [t for t in timed if t[0] is not None]
+        return min(timed)[1] if timed else None
+    head = ("scenario", "ms", "[min-max]", "host ms", "x base [interval]", "x best own [interval]", "dev MiB",
+            "x base", "torch res MiB", "shim pool", "loss/check")
+    w = (max([30] + [len(n) for n in names]), 9, 17, 8, 20, 32, 9, 7, 13, 18, 12)
     print("  ".join(h.ljust(x) if i == 0 else h.rjust(x) for i, (h, x) in enumerate(zip(head, w))))
     errors = []
     for name in names:
@@ -156,7 +160,7 @@ def table(path):
             if last.get("shim_peak_reserved"):
                 pool += "/" + last["shim_peak_reserved"]
         checks = []
-        group_tokens = {x.get("tokens_sha") for n in names if n.split("/")[0] == name.split("/")[0]
+        group_tokens = {x.get("tokens_sha") for n in names if group(n) == group(name)
                         for x in runs[n] if "error" not in x}
         for r in these:
             if "error" in r:
@@ -172,10 +176,22 @@ def table(path):
             else:
                 checks.append("FAIL")
         check = next((c for c in checks if c in ("ERROR", "FAIL", "FAIL tokens")), checks[-1])
-        host = median([r.get("host_ms_per_step_median") for r in these if "error" not in r])
-        cells = (name, fmt(median(ms), ".2f"), spread, fmt(host, ".2f"), fmt(median(ratios(name, ms_of)), ".2f"),
-                 fmt(median([mem_of(r) for r in these]), ".0f"), fmt(median(ratios(name, mem_of)), ".2f"),
-                 fmt(median([r.get("peak_reserved_mib") for r in these]), ".0f"), pool, check)
+        host = ratios.median([r.get("host_ms_per_step_median") for r in these if "error" not in r])
+        baseline = base[group(name)]
+        if name == baseline:
+            vs_base = "1.00x"
+        elif name == baseline + AGAIN:
+            vs_base = ratios.cell(ratios.per_round(by_round(name, ms_of), by_round(baseline, ms_of))) + " noise"
+        else:
+            vs_base = ratios.cell(ratios.per_round(by_round(name, ms_of), by_round(baseline, ms_of)))
+        best = best_own(name)
+        vs_best = "-"
+        if "+shim" in name and best:
+            vs_best = ratios.cell(ratios.per_round(by_round(name, ms_of), by_round(best, ms_of))) + " " + best.split("/", 1)[1]
+        mem_base = ratios.median(ratios.per_round(by_round(name, mem_of), by_round(baseline, mem_of)))
+        cells = (name, fmt(ratios.median(ms), ".2f"), spread, fmt(host, ".2f"), vs_base, vs_best,
+                 fmt(ratios.median([mem_of(r) for r in these]), ".0f"), fmt(mem_base, ".2f"),
+                 fmt(ratios.median([r.get("peak_reserved_mib") for r in these]), ".0f"), pool, check)
         print("  ".join(c.ljust(x) if i == 0 else c.rjust(x) for i, (c, x) in enumerate(zip(cells, w))))
     print()
     print("ms: median per training step (transformer, resnet, ddp2: rank 0), per generated token (generate)")
@@ -183,10 +199,13 @@ def table(path):
     print("  after the warm-up, in each run; the table gives the median over the rounds and [min-max].")
     print("  host ms (torch; ddp2: rank 0): the part of a step until the program's thread had issued it, median; near")
     print("  ms, the step waits for the host (allocation calls count there), not for the GPU.")
-    print("  x base: the median over the rounds of the ratio to the group's first row in the same round")
-    print("  (PyTorch's caching allocator, CuPy's pool). dev MiB: peak device memory in use")
-    print("  (cudaMemGetInfo total - free, probed during and after every step) minus the value before")
-    print("  the model, median over the rounds; the one figure comparable across allocators.")
+    print("x base: against the group's first row (PyTorch's caching allocator, CuPy's pool) in the same round;")
+    print("  the row ' again' is that allocator run a second time in the round: its ratio is the noise floor.")
+    print("  x best own (shim rows): against the group's fastest own allocator (" + ", ".join(OWN) + ") in the same round.")
+    print("  " + ratios.LEGEND + ".")
+    print("dev MiB: peak device memory in use (cudaMemGetInfo total - free, probed during and after every")
+    print("  step) minus the value before the model, median over the rounds; the one figure comparable")
+    print("  across allocators; x base: its median per-round ratio.")
     print("  torch res MiB: torch.cuda.max_memory_reserved() (none with caching off).")
     print("shim pool: allocations the shim's pool served / its peak reserved (SOMA_STATS, last round); 0: the shim")
     print("  pooled nothing; '-': no statistics (not a shim run, or a shim without SOMA_STATS).")
@@ -315,6 +334,7 @@ one_round() {
       --label "$model/caching-off+shim"
     scenario "$model/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${args[@]}" \
       --label "$model/cudaMallocAsync"
+    scenario "$model/caching again" -- "${args[@]}" --label "$model/caching again"
   done
 
   GEN=("$PY" scripts/bench_generate.py --requests "$GEN_REQUESTS" --warmup 2)
@@ -324,11 +344,13 @@ one_round() {
     --label generate/caching-off+shim
   scenario generate/cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${GEN[@]}" \
     --label generate/cudaMallocAsync
+  scenario "generate/caching again" -- "${GEN[@]}" --label "generate/caching again"
 
   CUPY=("$PY" scripts/bench_cupy.py --chains "$CUPY_CHAINS" --warmup 5)
   scenario cupy/pool -- "${CUPY[@]}" --mode pool --label cupy/pool
   scenario cupy/nopool -- "${CUPY[@]}" --mode nopool --label cupy/nopool
   shim_scenario cupy/nopool+shim -- "${CUPY[@]}" --mode nopool --label cupy/nopool+shim
+  scenario "cupy/pool again" -- "${CUPY[@]}" --mode pool --label "cupy/pool again"
 
   if [ "$NGPU" -ge 2 ]; then
     DDP=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2 scripts/bench_ddp.py
@@ -340,6 +362,7 @@ one_round() {
       --label ddp2/caching-off+shim
     scenario ddp2/cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${DDP[@]}" \
       --label ddp2/cudaMallocAsync
+    scenario "ddp2/caching again" -- "${DDP[@]}" --label "ddp2/caching again"
   fi
 }
 

@@ -9,8 +9,10 @@ versions and machine, to OUT/COMPATIBILITY.md.
 
     scripts/compat.py path/to/libsomashim.so [--only REGEX] [--rounds N] [--out DIR]
 
-Times are each run's median step; with --rounds N every run is repeated N
-times and the median of the runs' medians is reported. Exit status 1 if a
+Times are each run's median step. With --rounds N the row's runs take turns N
+times (native, shim, own allocator, native again), and each ratio is the
+median of the rounds' ratios with its interval (scripts/ratios.py); the
+second native run gives the noise floor. Exit status 1 if a
 row differs or fails, 0 otherwise (rows whose framework is not installed are
 listed as skipped).
 """
@@ -23,9 +25,10 @@ import os
 import re
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
+
+import ratios
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPAT = os.path.join(ROOT, "scripts", "compat")
@@ -62,8 +65,13 @@ ROWS = [
     torch_row("torch.multiprocessing CUDA tensor, caching allocator", "ipc"),
     torch_row("NCCL all-reduce (torch.distributed), caching off", "nccl", {**NO_CACHING, **NCCL_SAFE}),
     Row("JAX, BFC allocator (default)", ["jax_rows.py", "train"], needs="jax"),
+    # XLA's platform allocator cannot free asynchronously, so XLA waits for the device after
+    # every execution, under the shim too: the fair own allocator is XLA's cudaMallocAsync one.
     Row("JAX, XLA_PYTHON_CLIENT_ALLOCATOR=platform", ["jax_rows.py", "train"],
-        {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, "jax", own=(["jax_rows.py", "train"], {})),
+        {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, "jax",
+        own=(["jax_rows.py", "train"], {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async"})),
+    Row("JAX, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async", ["jax_rows.py", "train"],
+        {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async"}, "jax", own=(["jax_rows.py", "train"], {})),
     Row("JAX, XLA_PYTHON_CLIENT_PREALLOCATE=false", ["jax_rows.py", "train"],
         {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, "jax", own=(["jax_rows.py", "train"], {})),
     Row("CuPy, its pool", ["cupy_rows.py", "chain", "on"], needs="cupy"),
@@ -145,10 +153,6 @@ def versions():
     return found, smi
 
 
-def ratio(a, b):
-    return f"{a / b:.2f}x" if a and b else "-"
-
-
 def fmt_ms(ms):
     return "-" if ms is None else f"{ms:.3f}"
 
@@ -179,55 +183,56 @@ def main():
             log.write(f"=== rc={rc}\n{text}\n")
         return rc, res
 
-    done = {}
-
-    def rounds(program, env, preload, tag):
-        """(exit status, result, median ms, most MiB) of args.rounds runs; a
-        run another row already made is not made again."""
-        key = (tuple(program), tuple(sorted(env.items())), preload)
-        if key not in done:
-            outcomes = [one(program, env, preload, tag) for _ in range(args.rounds)]
-            rc = next((rc for rc, _ in outcomes if rc != 0), 0)
-            results = [res for _, res in outcomes if res]
-            if rc != 0 or len(results) != len(outcomes):
-                done[key] = (rc or 1, None, None, None)
-            elif any(r["result"] != results[0]["result"] for r in results):
-                done[key] = (3, "rounds differ: " + json.dumps([r["result"] for r in results])[:200], None, None)
-            else:
-                times = [r["ms"] for r in results if r["ms"] is not None]
-                mibs = [r["mib"] for r in results if r["mib"] is not None]
-                done[key] = (0, results[0]["result"], statistics.median(times) if times else None,
-                             max(mibs) if mibs else None)
-        return done[key]
+    def runs_of(program, env, preload, tag):
+        """(exit status, result, ms, MiB) of one run; a run failing or printing
+        no RESULT is (non-zero, None, None, None)."""
+        rc, res = one(program, env, preload, tag)
+        if rc != 0 or not res:
+            return rc or 1, None, None, None
+        return 0, res["result"], res["ms"], res["mib"]
 
     table, failures = [], 0
     for index, row in enumerate(ROWS):
         if row not in wanted:
             continue
         if not have.get(row.needs, False):
-            table.append((row.name, "not installed", "", "skipped", "", "", "", "", "", ""))
+            table.append((row.name, "not installed", "", "skipped", "", "", "", "", "", "", ""))
             continue
         tag = f"row{index:02d}"
-        for f in (f"{tag}.native", f"{tag}.shim", f"{tag}.own"):
+        for f in (f"{tag}.native", f"{tag}.shim", f"{tag}.own", f"{tag}.again"):
             open(os.path.join(args.out, f + ".log"), "w").close()
-        n_rc, n_res, n_ms, n_mib = rounds(row.program, row.env, False, f"{tag}.native")
-        s_rc, s_res, s_ms, s_mib = rounds(row.program, row.env, True, f"{tag}.shim")
-        o_ms = o_mib = None
-        if row.own:
-            _, _, o_ms, o_mib = rounds(row.own[0], row.own[1], False, f"{tag}.own")
-        if n_rc != 0 or s_rc != 0:
-            verdict = f"FAILED (native exit {n_rc}, shim exit {s_rc})"
+        # Round by round: native, shim, the own allocator, native again (the noise floor).
+        runs = {"native": {}, "shim": {}, "own": {}, "again": {}}
+        for r in range(args.rounds):
+            runs["native"][r] = runs_of(row.program, row.env, False, f"{tag}.native")
+            runs["shim"][r] = runs_of(row.program, row.env, True, f"{tag}.shim")
+            if row.own:
+                runs["own"][r] = runs_of(row.own[0], row.own[1], False, f"{tag}.own")
+            if args.rounds > 1:
+                runs["again"][r] = runs_of(row.program, row.env, False, f"{tag}.again")
+        rcs = {k: next((o[0] for o in v.values() if o[0] != 0), 0) for k, v in runs.items()}
+        results = {k: [o[1] for o in v.values()] for k, v in runs.items()}
+        ms = {k: {r: o[2] for r, o in v.items()} for k, v in runs.items()}
+        mib = {k: max((o[3] for o in v.values() if o[3] is not None), default=None) for k, v in runs.items()}
+        if rcs["native"] != 0 or rcs["shim"] != 0:
+            verdict = f"FAILED (native exit {rcs['native']}, shim exit {rcs['shim']})"
+        elif any(res != results["native"][0] for res in results["native"] + results["again"]):
+            verdict = "native runs differ"
         else:
-            verdict = "identical" if n_res == s_res else "DIFFERS"
+            verdict = "identical" if all(res == results["native"][0] for res in results["shim"]) else "DIFFERS"
         failures += verdict != "identical"
-        show = lambda r: json.dumps(r)[:60] if r is not None else "-"
-        table.append((row.name, show(n_res), show(s_res), verdict, fmt_ms(n_ms), fmt_ms(s_ms), ratio(s_ms, n_ms),
-                      ratio(s_ms, o_ms), f"{n_mib or '-'} / {s_mib or '-'}" + (f" / {o_mib}" if o_mib else ""),
+        show = lambda rs: json.dumps(rs[0])[:60] if rs and rs[0] is not None else "-"
+        median_ms = lambda k: ratios.median(list(ms[k].values()))
+        own_cell = ratios.cell(ratios.per_round(ms["shim"], ms["own"])) if row.own else "-"
+        noise = ratios.cell(ratios.per_round(ms["again"], ms["native"])) if args.rounds > 1 else "-"
+        table.append((row.name, show(results["native"]), show(results["shim"]), verdict, fmt_ms(median_ms("native")),
+                      fmt_ms(median_ms("shim")), ratios.cell(ratios.per_round(ms["shim"], ms["native"])), own_cell,
+                      noise, f"{mib['native'] or '-'} / {mib['shim'] or '-'}" + (f" / {mib['own']}" if mib["own"] else ""),
                       " ".join(f"{k}={v}" for k, v in row.env.items())))
         print(f"{verdict:10} {row.name}", flush=True)
 
     header = ("program", "native result", "shim result", "identical", "native ms", "shim ms", "shim/native",
-              "shim/own allocator", "MiB native / shim / own", "environment (both runs)")
+              "shim/own allocator", "noise (native/native)", "MiB native / shim / own", "environment (both runs)")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in table]
     with open(shim, "rb") as f:
@@ -236,6 +241,7 @@ def main():
         f"Command: `{' '.join(shlex.quote(a) for a in ['scripts/compat.py'] + sys.argv[1:])}`, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"Machine: {machine}; shim {shim_hash}; rounds {args.rounds}",
+        f"ms: the median over the rounds of each run's median step; {ratios.LEGEND}.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(found.items())),
         "",
     ] + lines

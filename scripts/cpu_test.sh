@@ -42,6 +42,10 @@ rm -rf "$RUNS"/* "$BIN"/* "$FAKE"/* # nothing stale may pass for a fresh build
 SOCKETS=$(mktemp -d /tmp/somashim-suite-XXXXXX) || exit 2
 trap 'rm -rf "$SOCKETS"' EXIT
 export SOMA_SOCKET_DIR=$SOCKETS/all
+# An idle device gives back what it caches from the shim's thread (SOMA_IDLE_MS), which a
+# pause of a loaded machine would start at any moment of a test: off, but where a case
+# sets it (the neighbours' idle case).
+export SOMA_IDLE_MS=0
 
 PASSED=0
 FAILED=0
@@ -613,13 +617,14 @@ every block held while open: yes
 every block freed once closed: yes"
 
 # Processes sharing the double's device (neighbours.c, one case each): what a
-# program freed reaches another process, after the decay or when asked.
+# program freed reaches another process, after the decay, once it idles, or when asked.
 neighbours_case() { # name case expected-stdout; each case's processes alone in their directory
   shim_case "neighbours: $1" neighbours NEIGHBOURS_CASE="$2" "$3" SOMARUN="$ROOT/scripts/somarun" \
     SOMA_SOCKET_DIR="$SOCKETS/$2"
 }
 neighbours_case "freed memory reaches a native process once the decay has passed" decay "a native neighbour: out of memory at once: yes
 it succeeds once the delay has passed: yes"
+neighbours_case "after SOMA_IDLE_MS with no allocation or free, long before the decay" idle "a native neighbour gets it once the holder has idled: yes"
 neighbours_case "SOMA_DECAY_MS=0 keeps it" never "with SOMA_DECAY_MS=0 the pool keeps it: yes"
 neighbours_case "a process under the shim is given it at once" reclaim "a neighbour under the shim gets it at once: yes"
 neighbours_case "a dead and a stopped neighbour cost at most the wait" dead_and_stalled "beside a dead and a stopped neighbour, the taker succeeds within the bound: yes
@@ -886,6 +891,34 @@ if wanted "work entry points" && command -v python3 >/dev/null; then
   grep -q "^cuMemcpyAsync: argument 2 is 'size_t ByteCount', not a stream" "$RUNS/$KEY.broken" ||
     problems+=("a misplaced stream not found" "$(cat "$RUNS/$KEY.broken")")
   checked "work entry points match the CUDA headers (scripts/check_work_entry_points.py)" "${problems[@]}"
+fi
+
+# The benchmarks' ratios (scripts/ratios.py checks itself), and the program
+# benchmarks' table on made-up rounds: the noise floor row, the shim against the
+# fastest own allocator, the tokens' check.
+if wanted "benchmark ratios" && command -v python3 >/dev/null; then
+  next_key
+  problems=()
+  python3 scripts/ratios.py >"$RUNS/$KEY.out" 2>&1 || problems+=("ratios.py: $(tail -n 3 "$RUNS/$KEY.out")")
+  python3 - >"$RUNS/$KEY.jsonl" <<'PYEOF'
+import json
+times = {"caching": [20, 22, 19, 21, 20], "caching-off": [40, 41, 39, 42, 40], "caching-off+shim": [19, 21, 18, 20, 19],
+         "cudaMallocAsync": [18, 20, 17, 19, 18], "caching again": [21, 22, 19, 20, 20]}
+for r in range(5):
+    for name, ms in times.items():
+        print(json.dumps({"scenario": "generate/" + name, "round": r + 1, "bench": "generate", "tokens_sha": "ab12cd34",
+                          "ms_per_token_median": ms[r], "peak_device_used_mib": 100}))
+PYEOF
+  sed -n "/^HELPER=\$(cat <<'PYEOF'/,/^PYEOF/p" scripts/bench_programs.sh | sed '1d;$d' >"$RUNS/$KEY.helper.py"
+  python3 "$RUNS/$KEY.helper.py" table "$RUNS/$KEY.jsonl" >"$RUNS/$KEY.table" 2>&1 || problems+=("the table failed: $(tail -n 3 "$RUNS/$KEY.table")")
+  # The shim per round: against caching 19/20 21/22 18/19 20/21 19/20 (0.947-0.955), against
+  # cudaMallocAsync (the faster) 19/18 21/20 18/17 20/19 19/18 (1.050-1.059, median 1.056).
+  grep -qE '^generate/caching-off\+shim .* 0\.95x \[0\.95-0\.95\] +1\.06x \[1\.05-1\.06\] cudaMallocAsync ' "$RUNS/$KEY.table" ||
+    problems+=("the shim's row lacks its ratios" "$(cat "$RUNS/$KEY.table")")
+  grep -qE '^generate/caching again .* 1\.00x \[0\.95-1\.05\] noise ' "$RUNS/$KEY.table" ||
+    problems+=("no noise floor row" "$(cat "$RUNS/$KEY.table")")
+  grep -qE '^generate/.* FAIL tokens$' "$RUNS/$KEY.table" && problems+=("equal tokens called different")
+  checked "benchmark ratios (scripts/ratios.py, the program benchmarks' table)" "${problems[@]}"
 fi
 
 # `make demo` on a machine without a GPU: the legacy loop on the test double.

@@ -169,7 +169,8 @@ ipc_lifetime|ipc_lifetime|||1|-
 ipc_load|ipc_load|||1|-
 ipc_load@silent|ipc_load|silent||1|-
 ipc_load@flood|ipc_load|flood||1|-
-neighbours|neighbours||SOMA_DECAY_MS=3000|1|-
+neighbours|neighbours||SOMA_DECAY_MS=3000 SOMA_IDLE_MS=0|1|-
+neighbours@idle|neighbours||SOMA_DECAY_MS=600000|1|-
 ipc@passthrough_callers|ipc||SOMA_PASSTHROUGH_CALLERS=ipc|1|-
 capture_modes|capture_modes|||1|=
 capture_free_race|capture_free_race|||1|=
@@ -230,7 +231,7 @@ reset@large_blocks|reset||SOMA_LARGE_BLOCKS=1|1|-
 streams_destroyed@large_blocks|streams_destroyed||SOMA_LARGE_BLOCKS=1|1|-
 ipc@large_blocks|ipc||SOMA_LARGE_BLOCKS=1|1|-
 ipc_lifetime@large_blocks|ipc_lifetime||SOMA_LARGE_BLOCKS=1|1|-
-neighbours@large_blocks|neighbours||SOMA_DECAY_MS=3000 SOMA_LARGE_BLOCKS=1|1|-
+neighbours@large_blocks|neighbours||SOMA_DECAY_MS=3000 SOMA_IDLE_MS=0 SOMA_LARGE_BLOCKS=1|1|-
 EOF
 )
 # The same programs built with the static runtime (all of them) and as

@@ -13,6 +13,10 @@
  *   neighbours turns <rounds> <idle_ms>  two processes take turns, each
  *       idling <idle_ms> after its turn before telling the other to go.
  *       Prints "turns_ms <ms of all turns> oom <failed allocations>".
+ *   neighbours handover  how soon memory another process freed can be
+ *       allocated again (run natively: a fact of the driver): a player takes
+ *       a turn, then this process waits 0 to 800 ms and asks for SHARE in one
+ *       block. Prints "handover delay_ms <ms> alloc_ms <ms>" per try.
  *
  * Processes run as this one is (LD_PRELOAD inherited), the second of
  * "second" as SECOND_PRELOAD says. NEIGHBOURS_VERBOSE=1: each turn's
@@ -166,10 +170,40 @@ static int burst(void) {
   return failed != 0;
 }
 
+/* The time of one allocation of SHARE, `delay_ms` after a player freed as much. */
+static int handover(void) {
+  struct child giver = spawn("player");
+  cudaFree(NULL);
+  size_t bytes = share_of_device();
+  const int delays[] = {0, 25, 50, 100, 200, 400, 800};
+  int failed = 0;
+  for (unsigned d = 0; d < sizeof delays / sizeof delays[0]; d++)
+    for (int rep = 0; rep < 3; rep++) {
+      put(giver.to, 1);
+      failed += get(giver.from) != 0;
+      usleep(delays[d] * 1000);
+      void *p = NULL;
+      double start = now_ms();
+      cudaError_t rc = cudaMalloc(&p, bytes);
+      double took = now_ms() - start;
+      if (rc != cudaSuccess) {
+        cudaGetLastError();
+        failed++;
+        continue;
+      }
+      double freeing = now_ms();
+      cudaFree(p);
+      printf("handover delay_ms %d alloc_ms %.1f free_ms %.1f\n", delays[d], took, now_ms() - freeing);
+      fflush(stdout);
+    }
+  return finish(giver) | (failed != 0);
+}
+
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "player") == 0) return player();
   if (argc == 2 && strcmp(argv[1], "asker") == 0) return asker();
   if (argc == 2 && strcmp(argv[1], "burst") == 0) return burst();
+  if (argc == 2 && strcmp(argv[1], "handover") == 0) return handover();
   if (argc >= 2 && strcmp(argv[1], "second") == 0) {
     struct child first = spawn("player");
     put(first.to, 1);
@@ -204,6 +238,6 @@ int main(int argc, char **argv) {
     printf("turns_ms %.1f oom %d\n", busy, oom);
     return finish(players[0]) | finish(players[1]);
   }
-  fprintf(stderr, "usage: neighbours second | neighbours burst | neighbours turns ROUNDS IDLE_MS\n");
+  fprintf(stderr, "usage: neighbours second | neighbours burst | neighbours turns ROUNDS IDLE_MS | neighbours handover\n");
   return 2;
 }

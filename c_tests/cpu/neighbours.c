@@ -3,9 +3,12 @@
  * synchronizes and idles; a taker then asks for 700 MiB. NEIGHBOURS_CASE
  * picks one (the parent only starts processes; each child runs under the
  * shim or natively, as the case says):
- *   decay    holder under the shim with SOMA_DECAY_MS=1000: a native taker is
- *            out of memory at once, and succeeds once the delay has passed
- *            since the holder's last free;
+ *   decay    holder under the shim with SOMA_DECAY_MS=1000 (SOMA_IDLE_MS=0): a
+ *            native taker is out of memory at once, and succeeds once the
+ *            delay has passed since the holder's last free;
+ *   idle     holder with SOMA_DECAY_MS=600000 and the idle release
+ *            (SOMA_IDLE_MS=50): a native taker succeeds once the holder has
+ *            idled for 50 ms, long before the decay's delay;
  *   never    holder with SOMA_DECAY_MS=0: a native taker stays out of memory;
  *   reclaim  holder with SOMA_DECAY_MS=0: a taker under the shim asks it and
  *            succeeds at once;
@@ -171,7 +174,7 @@ static const char *const NO_DECAY_ALONE[] = {"SOMA_DECAY_MS=0", "SOMA_NEIGHBOURS
 static const char *const NO_DECAY[] = {"SOMA_DECAY_MS=0", NULL};
 
 static void decay(void) {
-  const char *settings[] = {"SOMA_DECAY_MS=1000", "SOMA_NEIGHBOURS=0", NULL};
+  const char *settings[] = {"SOMA_DECAY_MS=1000", "SOMA_IDLE_MS=0", "SOMA_NEIGHBOURS=0", NULL};
   double last_free = 0;
   struct child h = start_holder(settings, &last_free);
   struct taken t = take(0, 6000);
@@ -179,6 +182,17 @@ static void decay(void) {
   printf("a native neighbour: out of memory at once: %s\n", t.first_rc != cudaSuccess ? "yes" : "no");
   printf("it succeeds once the delay has passed: %s\n",
          t.rc == cudaSuccess && t.got_at_ms - last_free >= 1000 ? "yes" : "no");
+  CHECK_EQ(finish_child(h), 0);
+}
+
+static void idle(void) {
+  const char *settings[] = {"SOMA_DECAY_MS=600000", "SOMA_IDLE_MS=50", "SOMA_NEIGHBOURS=0", NULL};
+  double last_free = 0;
+  struct child h = start_holder(settings, &last_free);
+  struct taken t = take(0, 60000);
+  printf("# the taker got it %.1f ms after the holder's last free\n", t.got_at_ms - last_free);
+  printf("a native neighbour gets it once the holder has idled: %s\n",
+         t.rc == cudaSuccess && t.got_at_ms - last_free >= 50 ? "yes" : "no");
   CHECK_EQ(finish_child(h), 0);
 }
 
@@ -333,13 +347,14 @@ int main(int argc, char **argv) {
   const char *which = getenv("NEIGHBOURS_CASE");
   if (!which) which = "";
   if (strcmp(which, "decay") == 0) decay();
+  else if (strcmp(which, "idle") == 0) idle();
   else if (strcmp(which, "never") == 0) never();
   else if (strcmp(which, "reclaim") == 0) reclaim();
   else if (strcmp(which, "dead_and_stalled") == 0) dead_and_stalled();
   else if (strcmp(which, "stalled") == 0) stalled();
   else if (strcmp(which, "apart") == 0) apart();
   else if (strcmp(which, "ps") == 0) ps();
-  else CHECK(!"NEIGHBOURS_CASE is decay, never, reclaim, dead_and_stalled, stalled, apart or ps");
+  else CHECK(!"NEIGHBOURS_CASE is decay, idle, never, reclaim, dead_and_stalled, stalled, apart or ps");
   unlink(table);
   return report();
 }

@@ -3,7 +3,9 @@
  * synchronizes and idles; then
  *   1. a native process (the shim not preloaded) asks for 60% every 20 ms
  *      until it gets it (10 s at most): natively at once; under the shim once
- *      the decay's delay has passed (the suite runs it with SOMA_DECAY_MS=3000);
+ *      the decay's delay has passed (the suite runs it with SOMA_DECAY_MS=3000
+ *      and SOMA_IDLE_MS=0), or, in the row neighbours@idle, once the holder
+ *      has idled for SOMA_IDLE_MS (50 ms; its decay then 600 s);
  *   2. the holder fills and frees again, and a process run as this one is
  *      (under the shim in the shim run) asks once, well before the decay's
  *      3 s have passed: it gets it at once (under the shim, only because the

@@ -116,6 +116,9 @@ pub struct Config {
     /// How long a pool's unused memory is kept before it goes back to the
     /// driver (`SOMA_DECAY_MS`); None: kept until the program exits.
     pub decay: Option<std::time::Duration>,
+    /// How long a device may see no allocation and no free before all its
+    /// pools hold unused goes back (`SOMA_IDLE_MS`); None: the decay's delay.
+    pub idle: Option<std::time::Duration>,
     /// Other shim processes of this user are asked for what they cache at
     /// out-of-memory, and this one answers theirs (`SOMA_NEIGHBOURS`).
     pub neighbours: bool,
@@ -173,7 +176,7 @@ impl Kind {
                 "a byte count above 0 such as 512MiB or 40G, a percentage of the device's memory such as 50% or \
                  12.5%, or max (no limit)"
             }
-            Kind::Millis => "a number of milliseconds such as 500 or 2000, or 0 (never)",
+            Kind::Millis => "a number of milliseconds such as 500 or 2000, or 0 (off)",
             Kind::Pool => "own or default",
             Kind::FreeOrder => "barrier or join",
             Kind::LegacyCache => "auto, on or off",
@@ -372,6 +375,13 @@ pub static VARIABLES: &[Variable] = &[
         default: "1000",
         doc: "Memory a pool holds beyond what the program used in the last this many milliseconds goes back to the driver, for other processes; device and pinned host pools; 0: kept until exit.",
         store: store!(decay, Millis),
+    },
+    Variable {
+        name: "SOMA_IDLE_MS",
+        kind: Kind::Millis,
+        default: "50",
+        doc: "After this many milliseconds with no allocation and no free on a device, once its work is done, all its pools hold unused goes back to the driver (what the program no longer holds reaches other processes about as soon as the program's own frees would); 0, or not below SOMA_DECAY_MS: after SOMA_DECAY_MS instead. Nothing goes with SOMA_DECAY_MS=0.",
+        store: store!(idle, Millis),
     },
     Variable {
         name: "SOMA_NEIGHBOURS",
@@ -583,6 +593,7 @@ impl Config {
             large_blocks: 0,
             memory_limit: Bytes::Exact(0),
             decay: None,
+            idle: None,
             neighbours: false,
             socket_dir: None,
             stats: StatsOutput::Off,
@@ -809,6 +820,7 @@ mod tests {
         assert_eq!(c.legacy_cache, LegacyCache::Auto);
         assert_eq!(c.memory_limit, Bytes::Exact(u64::MAX));
         assert_eq!(c.decay, Some(std::time::Duration::from_secs(1)));
+        assert_eq!(c.idle, Some(std::time::Duration::from_millis(50)));
         assert!(c.neighbours);
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
@@ -1005,6 +1017,8 @@ mod tests {
     fn the_decay_is_a_whole_number_of_milliseconds_and_0_is_never() {
         assert_eq!(config(&[("SOMA_DECAY_MS", "0")]).unwrap().decay, None);
         assert_eq!(config(&[("SOMA_DECAY_MS", " 250 ")]).unwrap().decay, Some(std::time::Duration::from_millis(250)));
+        assert_eq!(config(&[("SOMA_IDLE_MS", "0")]).unwrap().idle, None);
+        assert_eq!(config(&[("SOMA_IDLE_MS", "20")]).unwrap().idle, Some(std::time::Duration::from_millis(20)));
         for bad in ["1s", "-5", "1.5", "", "max"] {
             assert_eq!(blamed(config(&[("SOMA_DECAY_MS", bad)]).unwrap_err()), "SOMA_DECAY_MS", "{bad:?}");
         }

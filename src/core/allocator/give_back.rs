@@ -68,15 +68,19 @@ impl Allocator {
     /// The decay's checks that are due (`SOMA_DECAY_MS`), on every pool. By
     /// the reclaimer, between its steps.
     pub(super) fn decay_all(&self, driver: &impl Gpu) {
-        let due: Vec<_> = self.every_pool().filter(|device| device.decay_due()).collect();
+        let due: Vec<_> = self.every_pool().filter(|device| device.decay_due(self.activity(device))).collect();
         if due.is_empty() {
             return;
         }
         self.give_back_from(driver, due.into_iter(), |device| {
-            let counters = self.stats.counters(device.ordinal, device.host);
-            let activity = counters.total(|t| &t.pool_allocs) + counters.total(|t| &t.pool_frees);
-            device.decay(driver, &self.map, activity) + device.release_segments(driver)
+            device.decay(driver, &self.map, self.activity(device)) + device.release_segments(driver)
         });
+    }
+
+    /// The allocations and frees the pools of `device` served so far.
+    fn activity(&self, device: &Device) -> u64 {
+        let counters = self.stats.counters(device.ordinal, device.host);
+        counters.total(|t| &t.pool_allocs) + counters.total(|t| &t.pool_frees)
     }
 
     /// Gives back all that the pools of the device `uuid` (None: every pool,

@@ -90,7 +90,7 @@ pub struct Device {
     pub(super) segment_bytes: AtomicU64,
     /// Held by the thread releasing large blocks (`release_segments`).
     pub(super) releasing: Mutex<()>,
-    /// The decay's checks (`SOMA_DECAY_MS`; None: never).
+    /// The decay's checks (`SOMA_DECAY_MS`, `SOMA_IDLE_MS`; None: never).
     pub(super) decay: Mutex<Option<Window>>,
     /// Held while the pools are trimmed (`release.rs`).
     pub(super) trimming: Mutex<()>,
@@ -208,7 +208,9 @@ impl Device {
             segments_to_release: Mutex::new(Vec::new()),
             segment_bytes: AtomicU64::new(0),
             releasing: Mutex::new(()),
-            decay: Mutex::new(config.decay.map(|delay| Window::new(delay, Instant::now()))),
+            // The program's own pool: its own stream-ordered calls, which the
+            // shim does not count, may use it while the shim's are quiet.
+            decay: Mutex::new(config.decay.map(|delay| Window::new(delay, config.idle.filter(|_| owns_pool), Instant::now()))),
             trimming: Mutex::new(()),
             used_high_before: Default::default(),
         })

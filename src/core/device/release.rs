@@ -19,26 +19,42 @@ const POOL_STREAM_SETTLE: Duration = Duration::from_millis(5);
 const LEGACY_SETTLE: Duration = Duration::from_millis(1);
 
 impl Device {
-    /// Whether a check of the decay is due.
-    pub fn decay_due(&self) -> bool {
-        lock(&self.decay).as_ref().is_some_and(|window| window.due(Instant::now()))
+    /// Whether the decay wants this device's context for a check, or for
+    /// the idle rule's give-back. A look for idleness that finds it busy, or
+    /// given back already, costs no driver call. `activity` counts the
+    /// device's allocations and frees so far.
+    pub fn decay_due(&self, activity: u64) -> bool {
+        let now = Instant::now();
+        lock(&self.decay).as_mut().is_some_and(|window| window.due(now) || (window.look_due(now) && window.look(now, activity)))
     }
 
-    /// A check of the decay, if one is due: returns what the pools hold
-    /// beyond what the program used within the delay, or, idle, all they
-    /// hold unused. The device's context must be current, no capture in
-    /// progress. Returns the bytes given back.
+    /// A check of the decay, if one is due, returns what the pools hold
+    /// beyond what the program used within the delay, or, idle for a whole
+    /// delay, all they hold unused; else, idle for `SOMA_IDLE_MS` with the
+    /// device's work done (no free waiting for the GPU, the legacy stream
+    /// idle: a program waiting for its GPU is not done), all they hold
+    /// unused, until all went. The device's context must be current, no
+    /// capture in progress. Returns the bytes given back.
     pub fn decay(&self, driver: &impl Gpu, map: &PointerMap, activity: u64) -> u64 {
         let now = Instant::now();
         let mut window = lock(&self.decay);
-        let Some(window) = window.as_mut().filter(|window| window.due(now)) else {
-            return 0;
-        };
-        let highs = self.used_highs_since_last_check(driver);
-        match window.check(now, activity, highs) {
-            Release::All => self.give_back(driver, map),
-            Release::Beyond(keep) => self.trim_beyond(driver, keep, false),
+        let Some(window) = window.as_mut() else { return 0 };
+        if window.due(now) {
+            return match window.check(now, activity, self.used_highs_since_last_check(driver)) {
+                Release::All => self.give_back(driver, map),
+                Release::Beyond(keep) => self.trim_beyond(driver, keep, false),
+            };
         }
+        if !window.idle_release_wanted(now, activity) || self.pending.busy() || !driver.is_idle(Stream::LEGACY) {
+            return 0;
+        }
+        let given = self.give_back(driver, map) + self.release_segments(driver);
+        // What stays (returns the GPU had not passed in the give-back's short
+        // wait) goes at a later look.
+        if self.idle_bytes(driver) == 0 && !self.has_segments_to_release() {
+            window.released_all();
+        }
+        given
     }
 
     /// Everything the pools hold that the program does not: the cache goes

@@ -1,0 +1,78 @@
+"""Ratios between allocators, measured so that a small gap shows: the one way
+`scripts/bench_programs.sh` and `scripts/compat.py --rounds` compare runs.
+
+Configurations run interleaved, round by round (one process each per round),
+so that a slow spell of a shared machine hits every configuration alike. A
+ratio is taken within each round, and the rounds' ratios give its median and
+an interval: the distribution-free interval of the median from the order
+statistics, the narrowest whose confidence is at least 90% (with 5 rounds,
+the lowest and highest ratio: 94%). The noise floor is the same figure for
+an allocator against a second run of itself in the same round.
+
+    python3 scripts/ratios.py   # checks this module on made-up figures
+"""
+from math import comb
+
+
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def interval(values, confidence=0.90):
+    """(low, high, coverage) of the median of `values`, or None with fewer
+    than 2 values: the order statistics k and n + 1 - k with the largest k
+    whose coverage (binomial, p = 1/2) is still at least `confidence`."""
+    values = sorted(v for v in values if v is not None)
+    n = len(values)
+    if n < 2:
+        return None
+    best = None
+    for k in range(1, n // 2 + 1):
+        coverage = 1 - 2 * sum(comb(n, i) for i in range(k)) / 2 ** n
+        if coverage < confidence:
+            break
+        best = (values[k - 1], values[n - k], coverage)
+    return best or (values[0], values[-1], 1 - 2 / 2 ** n)
+
+
+def per_round(these, base):
+    """Each round's ratio these[r] / base[r], for the rounds (dict keys) where both have a figure."""
+    return [these[r] / base[r] for r in these if these[r] is not None and base.get(r)]
+
+
+def cell(ratios):
+    """'1.02x [0.97-1.06]': median and interval of a list of per-round ratios."""
+    m = median(ratios)
+    if m is None:
+        return "-"
+    span = interval(ratios)
+    return f"{m:.2f}x" + (f" [{span[0]:.2f}-{span[1]:.2f}]" if span else "")
+
+
+def within(ratios, target):
+    """Whether the interval (the median, with one round) lies at or under `target`."""
+    span = interval(ratios)
+    top = span[1] if span else median(ratios)
+    return top is not None and top <= target
+
+
+LEGEND = ("ratios: the median of the per-round ratios [its interval: order statistics, at least 90% "
+          "confidence; 94% with 5 rounds]; noise floor: an allocator against a second run of itself "
+          "in the same round")
+
+
+if __name__ == "__main__":
+    assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5 and median([None]) is None
+    low, high, coverage = interval([1.0, 1.1, 0.9, 1.3, 1.2])
+    assert (low, high) == (0.9, 1.3) and abs(coverage - 0.9375) < 1e-9
+    low, high, coverage = interval(list(range(1, 11)))
+    assert (low, high) == (2, 9) and coverage >= 0.9
+    assert interval([1.0]) is None
+    assert per_round({1: 2.0, 2: 3.0, 3: None}, {1: 1.0, 2: 2.0, 3: 1.0}) == [2.0, 1.5]
+    assert cell([1.0, 1.02, 1.04, 0.98, 1.01]) == "1.01x [0.98-1.04]"
+    assert within([1.0, 1.02, 1.04, 0.98, 1.01], 1.05) and not within([1.0, 1.02, 1.06, 0.98, 1.01], 1.05)
+    print("ratios.py: 7 checks passed")
