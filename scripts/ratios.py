@@ -53,13 +53,6 @@ def cell(ratios):
     return f"{m:.2f}x" + (f" [{span[0]:.2f}-{span[1]:.2f}]" if span else "")
 
 
-def within(ratios, target):
-    """Whether the interval (the median, with one round) lies at or under `target`."""
-    span = interval(ratios)
-    top = span[1] if span else median(ratios)
-    return top is not None and top <= target
-
-
 LEGEND = ("ratios: the median of the per-round ratios [its interval: order statistics, at least 90% "
           "confidence; 94% with 5 rounds]; noise floor: an allocator against a second run of itself "
           "in the same round")
@@ -74,5 +67,4 @@ if __name__ == "__main__":
     assert interval([1.0]) is None
     assert per_round({1: 2.0, 2: 3.0, 3: None}, {1: 1.0, 2: 2.0, 3: 1.0}) == [2.0, 1.5]
     assert cell([1.0, 1.02, 1.04, 0.98, 1.01]) == "1.01x [0.98-1.04]"
-    assert within([1.0, 1.02, 1.04, 0.98, 1.01], 1.05) and not within([1.0, 1.02, 1.06, 0.98, 1.01], 1.05)
-    print("ratios.py: 7 checks passed")
+    print("ratios.py: 6 checks passed")

@@ -65,16 +65,14 @@ impl Allocator {
         given
     }
 
-    /// The decay's checks that are due (`SOMA_DECAY_MS`), on every pool. By
-    /// the reclaimer, between its steps.
+    /// The decay's checks and idle looks that are due (`SOMA_DECAY_MS`,
+    /// `SOMA_IDLE_MS`), on every pool. By the reclaimer, between its steps.
     pub(super) fn decay_all(&self, driver: &impl Gpu) {
         let due: Vec<_> = self.every_pool().filter(|device| device.decay_due(self.activity(device))).collect();
         if due.is_empty() {
             return;
         }
-        self.give_back_from(driver, due.into_iter(), |device| {
-            device.decay(driver, &self.map, self.activity(device)) + device.release_segments(driver)
-        });
+        self.give_back_from(driver, due.into_iter(), |device| device.decay(driver, &self.map, self.activity(device)));
     }
 
     /// The allocations and frees the pools of `device` served so far.
@@ -87,7 +85,7 @@ impl Allocator {
     /// pinned host pools too) hold and the program does not use. Bytes given back.
     pub fn give_back(&self, driver: &impl Gpu, uuid: Option<[u8; 16]>) -> u64 {
         let pools = self.every_pool().filter(|device| uuid.map_or(true, |uuid| !device.host && device.uuid == uuid));
-        self.give_back_from(driver, pools, |device| device.give_back(driver, &self.map) + device.release_segments(driver))
+        self.give_back_from(driver, pools, |device| device.give_back(driver, &self.map))
     }
 
     /// The figures of the pool at `index` (devices first, then pinned host pools).

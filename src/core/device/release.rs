@@ -48,7 +48,7 @@ impl Device {
         if !window.idle_release_wanted(now, activity) || self.pending.busy() || !driver.is_idle(Stream::LEGACY) {
             return 0;
         }
-        let given = self.give_back(driver, map) + self.release_segments(driver);
+        let given = self.give_back(driver, map);
         // What stays (returns the GPU had not passed in the give-back's short
         // wait) goes at a later look.
         if self.idle_bytes(driver) == 0 && !self.has_segments_to_release() {
@@ -58,9 +58,10 @@ impl Device {
     }
 
     /// Everything the pools hold that the program does not: the cache goes
-    /// to the pool, and the pool returns what it does not use (frees the
-    /// GPU has not passed yet stay). The device's context must be current,
-    /// no capture in progress. Returns the bytes given back.
+    /// to the pool, the pool returns what it does not use (frees the GPU has
+    /// not passed yet stay), and cached large blocks go with the real free.
+    /// The device's context must be current, no capture in progress.
+    /// Returns the bytes given back.
     pub fn give_back(&self, driver: &impl Gpu, map: &PointerMap) -> u64 {
         // The streams cached blocks went back on: the pool's, the legacy one.
         let mut returned = [false; 2];
@@ -83,7 +84,7 @@ impl Device {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
-        self.trim_beyond(driver, [0, 0], returned != [false, false])
+        self.trim_beyond(driver, [0, 0], returned != [false, false]) + self.release_segments(driver)
     }
 
     /// Each pool returns what it reserves beyond `keep` (its bytes, main pool
