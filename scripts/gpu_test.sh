@@ -27,7 +27,8 @@
 #   NVCC=nvcc               the compiler
 #   COMPUTE_SANITIZER=...   path of compute-sanitizer (default: PATH, then next to nvcc)
 #   GPU_TEST_TIMEOUT=600    seconds allowed to one run of one program
-#   GPU_TEST_SANITIZER=0    leave the compute-sanitizer phase out (counted as skipped)
+#   GPU_TEST_SANITIZER=0    leave the compute-sanitizer phase out (counted as skipped);
+#                           =only runs that phase alone (a lane of its own)
 #   GPU_TEST_ONLY="a b"     run only these tests (names as printed)
 #   GPU_TEST_VARIANTS="static driver"  only these builds' tests (default all three;
 #                           the checks that are no C program count as shared):
@@ -114,6 +115,7 @@ wanted() {
   local variant=shared
   case $1 in *#static) variant=static ;; *#driver) variant=driver ;; esac
   [[ $VARIANTS == *" $variant "* ]] || return 1
+  [ "${GPU_TEST_SANITIZER:-1}" = only ] && [[ $1 != sanitizer:* ]] && return 1
   [ -z "${GPU_TEST_ONLY:-}" ] && return 0
   local w
   for w in $GPU_TEST_ONLY; do [ "$w" = "$1" ] && return 0; done

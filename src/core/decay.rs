@@ -29,6 +29,14 @@ pub const CHECKS: usize = 4;
 /// Looks for idleness per idle delay.
 const LOOKS: u32 = 2;
 
+/// How often the idle rule looks (`SOMA_IDLE_MS` / `LOOKS`), where it
+/// applies: the shim's thread, idle, naps no longer, so that a device
+/// gives back within an idle delay and a half of its last allocation or free.
+pub fn look_period(delay: Option<Duration>, idle: Option<Duration>) -> Option<Duration> {
+    let (delay, idle) = (delay?, idle?);
+    (idle < delay).then(|| idle / LOOKS)
+}
+
 /// What the checks of one device remember.
 pub struct Window {
     delay: Duration,
@@ -70,7 +78,7 @@ impl Window {
             idle_after,
             // Until the checks have seen a whole delay, nothing counts as unused.
             next_check: now + delay / CHECKS as u32,
-            next_look: (idle_after < delay).then(|| now + idle_after / LOOKS),
+            next_look: look_period(Some(delay), idle).map(|period| now + period),
             activity: 0,
             idle_since: None,
             released: false,
@@ -201,6 +209,15 @@ mod tests {
         assert_eq!(run(&mut window, start, 3 + CHECKS - 1, 1, idle), Release::All);
         // A free or an allocation: busy again.
         assert_eq!(run(&mut window, start, 3 + CHECKS, 1, |_| (4, [4 << 30, 0])), Release::Beyond([4 << 30, 0]));
+    }
+
+    #[test]
+    fn the_idle_rule_looks_twice_per_idle_delay_where_it_applies() {
+        let ms = Duration::from_millis;
+        assert_eq!(look_period(Some(DELAY), Some(ms(50))), Some(ms(25)));
+        assert_eq!(look_period(Some(DELAY), Some(DELAY)), None, "not shorter than the decay: only the checks");
+        assert_eq!(look_period(Some(DELAY), None), None);
+        assert_eq!(look_period(None, Some(ms(50))), None, "no decay: nothing goes");
     }
 
     #[test]

@@ -1042,7 +1042,7 @@ fn a_program_free_before_barrier_order_moves_to_the_legacy_stream_is_ordered() {
         // The shim's thread runs but does not reach its next step: no allocation reclaims.
         let (started, step) = (std::sync::Arc::new(std::sync::Barrier::new(2)), std::sync::Arc::new(AtomicBool::new(false)));
         let (s, st) = (started.clone(), step.clone());
-        assert!(shim.reclaimer.start(move || {
+        assert!(shim.reclaimer.start(std::time::Duration::MAX, move || {
             if !st.swap(true, Ordering::SeqCst) {
                 s.wait();
             }

@@ -23,7 +23,8 @@ const POLL: Duration = Duration::from_micros(50);
 const BUSY_SHARE: u32 = 9;
 /// But no longer than this while frees wait: they hold memory.
 const MAX_POLL: Duration = Duration::from_millis(1);
-/// How long it sleeps when nothing waits (blocks in the cache still age).
+/// How long it sleeps, at most, when nothing waits (blocks in the cache
+/// still age; `start` may ask for shorter naps).
 const IDLE: Duration = Duration::from_millis(50);
 
 /// What a step left behind.
@@ -72,9 +73,10 @@ impl Reclaimer {
         self.work.load(SeqCst) && !self.running()
     }
 
-    /// Starts the thread, which runs `step` until `stop` (once; false if it
-    /// could not be started, and then the caller reclaims on its own).
-    pub fn start(&'static self, mut step: impl FnMut() -> Activity + Send + 'static) -> bool {
+    /// Starts the thread, which runs `step` until `stop`, napping at most
+    /// `idle_nap` when nothing waits (once; false if it could not be started,
+    /// and then the caller reclaims on its own).
+    pub fn start(&'static self, idle_nap: Duration, mut step: impl FnMut() -> Activity + Send + 'static) -> bool {
         let mut thread = lock(&self.thread);
         if self.running() {
             return true;
@@ -104,7 +106,7 @@ impl Reclaimer {
                 }
                 self.sleeping.store(true, SeqCst);
                 if !self.work.load(SeqCst) && !self.stop.load(SeqCst) {
-                    thread::park_timeout(IDLE);
+                    thread::park_timeout(idle_nap.min(IDLE));
                 }
                 self.sleeping.store(false, SeqCst);
             }

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::state::Allocator;
+use crate::core::decay;
 use crate::core::device::ordering::{FreePath, Wait};
 use crate::core::device::pool::Device;
 use crate::core::locks::{lock, read};
@@ -227,9 +228,11 @@ impl Allocator {
         }
     }
 
-    /// Starts the reclaimer thread unless it runs. True if it runs.
+    /// Starts the reclaimer thread unless it runs. True if it runs. Idle, it
+    /// wakes for each of the decay's idle looks.
     pub fn start_reclaimer<G: Gpu + Sync>(&'static self, driver: &'static G) -> bool {
-        self.reclaimer.running() || self.reclaimer.start(move || self.reclaim_all(driver))
+        let idle_nap = decay::look_period(self.config.decay, self.config.idle).unwrap_or(Duration::MAX);
+        self.reclaimer.running() || self.reclaimer.start(idle_nap, move || self.reclaim_all(driver))
     }
 
     /// One step of the reclaimer: every device's frees joined and the passed

@@ -39,16 +39,18 @@ impl Device {
         let now = Instant::now();
         let mut window = lock(&self.decay);
         let Some(window) = window.as_mut() else { return 0 };
+        let mut given = 0;
         if window.due(now) {
-            return match window.check(now, activity, self.used_highs_since_last_check(driver)) {
-                Release::All => self.give_back(driver, map),
-                Release::Beyond(keep) => self.trim_beyond(driver, keep, false),
-            };
+            match window.check(now, activity, self.used_highs_since_last_check(driver)) {
+                Release::All => return self.give_back(driver, map),
+                // A check that keeps the peak does not put the idle rule off.
+                Release::Beyond(keep) => given = self.trim_beyond(driver, keep, false),
+            }
         }
         if !window.idle_release_wanted(now, activity) || self.pending.busy() || !driver.is_idle(Stream::LEGACY) {
-            return 0;
+            return given;
         }
-        let given = self.give_back(driver, map);
+        given += self.give_back(driver, map);
         // What stays (returns the GPU had not passed in the give-back's short
         // wait) goes at a later look.
         if self.idle_bytes(driver) == 0 && !self.has_segments_to_release() {
