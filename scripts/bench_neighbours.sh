@@ -14,9 +14,12 @@
 #   turns/<mode>  two processes take 20 turns (each allocates 60% in 64 blocks,
 #       fills, frees, synchronizes; 200 ms idle between turns): ms of all turns,
 #       failed allocations (out of memory)
+#   pauses/<mode>  one process alone, 10 rounds of 1 GiB in 4 MiB blocks (fill, free,
+#       synchronize) with BENCH_PAUSE_MS between, its GPU idle: the median round's ms
+#       (what the idle give-back costs a program that pauses), natively or under the shim
 # Environment: BENCH_REPS (3: rounds of every scenario; medians and ranges),
 # BENCH_SCENARIOS (extended regex on the whole scenario name, e.g. 'burst/.*'; default all),
-# BENCH_TURN_IDLE_MS (200), SOMA_* (reach the shim runs). Output: the table on
+# BENCH_TURN_IDLE_MS (200), BENCH_PAUSE_MS (100), SOMA_* (reach the shim runs). Output: the table on
 # stdout, and in $OUT/neighbours.log (else build/gpu/neighbours.log).
 set -uo pipefail
 [ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
@@ -26,6 +29,7 @@ ARCH=${GPU_ARCH:-sm_90}
 BUILD=build/gpu
 REPS=${BENCH_REPS:-3}
 IDLE_MS=${BENCH_TURN_IDLE_MS:-200}
+PAUSE_MS=${BENCH_PAUSE_MS:-100}
 ONLY=${BENCH_SCENARIOS:-}
 
 # shellcheck source=scripts/gpu_common.sh
@@ -84,21 +88,23 @@ for round in $(seq 1 "$REPS"); do
   run burst/shim burst_ms LD_PRELOAD="$SHIM" -- burst
   run turns/native turns_ms -- turns 20 "$IDLE_MS"
   run turns/shim turns_ms LD_PRELOAD="$SHIM" -- turns 20 "$IDLE_MS"
+  run pauses/native pauses_ms -- pauses 10 "$PAUSE_MS"
+  run pauses/shim pauses_ms LD_PRELOAD="$SHIM" -- pauses 10 "$PAUSE_MS"
 done
 
 # median and range of a list of numbers
 stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {if (NR == 0) {print "nan nan nan"; exit} m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m, v[1], v[NR]}'; }
 echo
 printf '%-22s %12s %20s %s\n' scenario "median ms" "range ms" "out of memory (each round)"
-for s in second/native-native second/shim-native second/shim-shim burst/native burst/shim turns/native turns/shim; do
+for s in second/native-native second/shim-native second/shim-shim burst/native burst/shim turns/native turns/shim \
+  pauses/native pauses/shim; do
   [ -n "${FIG[$s]:-}" ] || continue
   read -r med lo hi <<<"$(stats "${FIG[$s]}")"
   printf '%-22s %12s %20s %s\n' "$s" "$med" "$lo-$hi" "${FIG[$s/oom]:-}"
 done
-read -r native _ <<<"$(stats "${FIG[burst/native]:-}")"
-read -r shim _ <<<"$(stats "${FIG[burst/shim]:-}")"
-awk -v s="$shim" -v n="$native" 'BEGIN {if (n + 0 > 0 && s + 0 > 0) printf "burst: shim / native = %.2fx\n", s / n}'
-read -r native _ <<<"$(stats "${FIG[turns/native]:-}")"
-read -r shim _ <<<"$(stats "${FIG[turns/shim]:-}")"
-awk -v s="$shim" -v n="$native" 'BEGIN {if (n + 0 > 0 && s + 0 > 0) printf "turns: shim / native = %.2fx\n", s / n}'
+for s in burst turns pauses; do
+  read -r native _ <<<"$(stats "${FIG[$s/native]:-}")"
+  read -r shim _ <<<"$(stats "${FIG[$s/shim]:-}")"
+  awk -v s="$shim" -v n="$native" -v name="$s" 'BEGIN {if (n + 0 > 0 && s + 0 > 0) printf "%s: shim / native = %.2fx\n", name, s / n}'
+done
 exit $failed

@@ -13,6 +13,12 @@
  *   neighbours turns <rounds> <idle_ms>  two processes take turns, each
  *       idling <idle_ms> after its turn before telling the other to go.
  *       Prints "turns_ms <ms of all turns> oom <failed allocations>".
+ *   neighbours pauses <rounds> <pause_ms>  one process alone: each round
+ *       allocates 1 GiB in 256 blocks of 4 MiB (pool sizes under the shim),
+ *       fills, frees, synchronizes, then pauses <pause_ms> with its GPU
+ *       idle (a step waiting for its data). Prints "pauses_ms <median ms of
+ *       a round, the pause left out>": what the shim's idle give-back costs
+ *       a program that pauses.
  *   neighbours handover  how soon memory another process freed can be
  *       allocated again (run natively: a fact of the driver): a player takes
  *       a turn, then this process waits 0 to 800 ms and asks for SHARE in one
@@ -170,6 +176,42 @@ static int burst(void) {
   return failed != 0;
 }
 
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Rounds of 1 GiB in 4 MiB blocks with a pause between. */
+static int pauses(int rounds, int pause_ms) {
+  enum { BLOCKS = 256, MAX_ROUNDS = 1000 };
+  const size_t piece = 4u << 20;
+  static void *blocks[BLOCKS];
+  static double took[MAX_ROUNDS];
+  if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
+  int failed = 0;
+  cudaFree(NULL);
+  for (int r = 0; r < rounds; r++) {
+    double start = now_ms();
+    for (int i = 0; i < BLOCKS; i++) {
+      if (cudaMalloc(&blocks[i], piece) != cudaSuccess) {
+        cudaGetLastError();
+        blocks[i] = NULL;
+        failed++;
+        continue;
+      }
+      cudaMemset(blocks[i], i, piece);
+    }
+    for (int i = 0; i < BLOCKS; i++)
+      if (blocks[i]) cudaFree(blocks[i]);
+    cudaDeviceSynchronize();
+    took[r] = now_ms() - start;
+    usleep(pause_ms * 1000);
+  }
+  qsort(took, rounds, sizeof took[0], by_value);
+  printf("pauses_ms %.2f failed %d\n", took[rounds / 2], failed);
+  return failed != 0;
+}
+
 /* The time of one allocation of SHARE, `delay_ms` after a player freed as much. */
 static int handover(void) {
   struct child giver = spawn("player");
@@ -203,6 +245,8 @@ int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "player") == 0) return player();
   if (argc == 2 && strcmp(argv[1], "asker") == 0) return asker();
   if (argc == 2 && strcmp(argv[1], "burst") == 0) return burst();
+  if (argc == 4 && strcmp(argv[1], "pauses") == 0 && atoi(argv[2]) > 0)
+    return pauses(atoi(argv[2]), atoi(argv[3]));
   if (argc == 2 && strcmp(argv[1], "handover") == 0) return handover();
   if (argc >= 2 && strcmp(argv[1], "second") == 0) {
     struct child first = spawn("player");
@@ -238,6 +282,6 @@ int main(int argc, char **argv) {
     printf("turns_ms %.1f oom %d\n", busy, oom);
     return finish(players[0]) | finish(players[1]);
   }
-  fprintf(stderr, "usage: neighbours second | neighbours burst | neighbours turns ROUNDS IDLE_MS | neighbours handover\n");
+  fprintf(stderr, "usage: neighbours second | neighbours burst | neighbours turns ROUNDS IDLE_MS | neighbours pauses ROUNDS PAUSE_MS | neighbours handover\n");
   return 2;
 }
