@@ -33,16 +33,9 @@
 #include <unistd.h>
 #include <vector>
 
-#define P(...) do { printf(__VA_ARGS__); fflush(stdout); } while (0)
+#include "../../c_tests/exit_on_error.h"
 
-#define CHECK_RT(call)                                                               \
-  do {                                                                               \
-    cudaError_t e_ = (call);                                                         \
-    if (e_ != cudaSuccess) {                                                         \
-      P("error %s:%d %s rc %d %s\n", __FILE__, __LINE__, #call, (int)e_, cudaGetErrorString(e_)); \
-      exit(1);                                                                       \
-    }                                                                                \
-  } while (0)
+#define P(...) do { printf(__VA_ARGS__); fflush(stdout); } while (0)
 
 #define CHECK_DRV(call)                                                              \
   do {                                                                               \
@@ -73,13 +66,13 @@ static double now_ms() {
 
 // Wait for the device, then read the clock: the start of every timer.
 static double start_timer() {
-  CHECK_RT(cudaDeviceSynchronize());
+  CK(cudaDeviceSynchronize());
   return now_ms();
 }
 
 static size_t free_mib() {
   size_t free_b = 0, total_b = 0;
-  CHECK_RT(cudaMemGetInfo(&free_b, &total_b));
+  CK(cudaMemGetInfo(&free_b, &total_b));
   return free_b / MiB;
 }
 
@@ -116,12 +109,12 @@ static void measure_malloc(size_t size) {
   size_t before = free_mib();
   std::vector<void *> p(n);
   double t = start_timer();
-  for (int i = 0; i < n; i++) CHECK_RT(cudaMalloc(&p[i], size));
+  for (int i = 0; i < n; i++) CK(cudaMalloc(&p[i], size));
   double malloc_ms = now_ms() - t;
   P("malloc size_mib %zu count %d total_ms %.3f per_call_ms %.4f free_before_mib %zu\n",
     size / MiB, n, malloc_ms, malloc_ms / n, before);
   t = start_timer();
-  for (int i = 0; i < n; i++) CHECK_RT(cudaFree(p[i]));
+  for (int i = 0; i < n; i++) CK(cudaFree(p[i]));
   print_timed("free", size, n, now_ms() - t);
 }
 
@@ -133,37 +126,37 @@ static cudaMemPool_t make_pool() {
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id = 0;
   cudaMemPool_t pool;
-  CHECK_RT(cudaMemPoolCreate(&pool, &props));
+  CK(cudaMemPoolCreate(&pool, &props));
   uint64_t threshold = UINT64_MAX;
-  CHECK_RT(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   return pool;
 }
 
 static size_t reserved_mib(cudaMemPool_t pool) {
   uint64_t v = 0;
-  CHECK_RT(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &v));
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &v));
   return (size_t)(v / MiB);
 }
 
 // N allocations of `size` from the pool, ordered on g_stream; ms until done.
 static double pool_alloc_all(cudaMemPool_t pool, size_t size, std::vector<void *> &p) {
   double t = start_timer();
-  for (size_t i = 0; i < p.size(); i++) CHECK_RT(cudaMallocFromPoolAsync(&p[i], size, pool, g_stream));
-  CHECK_RT(cudaStreamSynchronize(g_stream));
+  for (size_t i = 0; i < p.size(); i++) CK(cudaMallocFromPoolAsync(&p[i], size, pool, g_stream));
+  CK(cudaStreamSynchronize(g_stream));
   return now_ms() - t;
 }
 
 static double pool_free_all(std::vector<void *> &p) {
   double t = start_timer();
-  for (size_t i = 0; i < p.size(); i++) CHECK_RT(cudaFreeAsync(p[i], g_stream));
-  CHECK_RT(cudaStreamSynchronize(g_stream));
+  for (size_t i = 0; i < p.size(); i++) CK(cudaFreeAsync(p[i], g_stream));
+  CK(cudaStreamSynchronize(g_stream));
   return now_ms() - t;
 }
 
 static double pool_trim(cudaMemPool_t pool, size_t keep) {
   double t = start_timer();
-  CHECK_RT(cudaMemPoolTrimTo(pool, keep));
-  CHECK_RT(cudaDeviceSynchronize());
+  CK(cudaMemPoolTrimTo(pool, keep));
+  CK(cudaDeviceSynchronize());
   return now_ms() - t;
 }
 
@@ -173,9 +166,9 @@ static void print_pool(const char *key, size_t size, int count, double ms, cudaM
 }
 
 static void destroy_pool(cudaMemPool_t pool) {
-  CHECK_RT(cudaMemPoolTrimTo(pool, 0));
-  CHECK_RT(cudaMemPoolDestroy(pool));
-  CHECK_RT(cudaDeviceSynchronize());
+  CK(cudaMemPoolTrimTo(pool, 0));
+  CK(cudaMemPoolDestroy(pool));
+  CK(cudaDeviceSynchronize());
 }
 
 // grow, free, trim; regrow, free; reuse (all reserved), free; trim again.
@@ -354,7 +347,7 @@ static void measure_export(size_t size) {
   if (r == CUDA_SUCCESS) CHECK_DRV(cuMemRelease(imported));
   close(fd);
   CHECK_DRV(cuMemRelease(h));
-  CHECK_RT(cudaDeviceSynchronize());
+  CK(cudaDeviceSynchronize());
 }
 
 // 7. The whole total as one cudaMalloc ---------------------------------------
@@ -363,31 +356,31 @@ static void measure_malloc_one() {
   if (!may_run("malloc_one", g_cap, 1)) return;
   void *p = 0;
   double t = start_timer();
-  CHECK_RT(cudaMalloc(&p, g_cap));
+  CK(cudaMalloc(&p, g_cap));
   double malloc_ms = now_ms() - t;
   t = start_timer();
-  CHECK_RT(cudaFree(p));
+  CK(cudaFree(p));
   P("malloc_one size_mib %zu malloc_ms %.3f free_ms %.3f\n", g_cap / MiB, malloc_ms, now_ms() - t);
 }
 
 int main() {
   g_start = now_ms();
-  CHECK_RT(cudaSetDevice(0));
-  CHECK_RT(cudaFree(0));  // create the primary context; driver calls use it
+  CK(cudaSetDevice(0));
+  CK(cudaFree(0));  // create the primary context; driver calls use it
   cudaDeviceProp prop;
-  CHECK_RT(cudaGetDeviceProperties(&prop, 0));
+  CK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0, runtime = 0;
-  CHECK_RT(cudaDriverGetVersion(&driver));
-  CHECK_RT(cudaRuntimeGetVersion(&runtime));
+  CK(cudaDriverGetVersion(&driver));
+  CK(cudaRuntimeGetVersion(&runtime));
   size_t free_b = 0, total_b = 0;
-  CHECK_RT(cudaMemGetInfo(&free_b, &total_b));
+  CK(cudaMemGetInfo(&free_b, &total_b));
   g_cap = (size_t)(0.6 * (double)total_b);
   if (g_cap > 84 * GiB) g_cap = 84 * GiB;
   g_cap = g_cap / (2 * MiB) * (2 * MiB);
   for (char *c = prop.name; *c; c++) if (*c == ' ') *c = '_';  // one token
   P("gpu name %s total_mib %zu free_mib %zu cap_mib %zu driver %d runtime %d\n",
     prop.name, total_b / MiB, free_b / MiB, g_cap / MiB, driver, runtime);
-  CHECK_RT(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
 
   for (size_t size : SIZES) measure_malloc(size);
   for (size_t size : SIZES) measure_pool(size);
@@ -399,7 +392,7 @@ int main() {
   measure_export(BIG);
   measure_malloc_one();
 
-  CHECK_RT(cudaStreamDestroy(g_stream));
+  CK(cudaStreamDestroy(g_stream));
   P("done elapsed_ms %.0f\n", now_ms() - g_start);
   return 0;
 }

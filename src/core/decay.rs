@@ -101,7 +101,7 @@ impl Window {
     /// figure: whether the device has been idle for the idle delay and has
     /// not given everything back since (`idle_release_wanted`).
     pub fn look(&mut self, now: Instant, activity: u64) -> bool {
-        self.next_look = Some(now + self.idle_after / LOOKS);
+        self.next_look = look_period(Some(self.delay), Some(self.idle_after)).map(|period| now + period);
         self.idle_release_wanted(now, activity)
     }
 
