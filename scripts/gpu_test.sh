@@ -29,7 +29,10 @@
 #   GPU_TEST_TIMEOUT=600    seconds allowed to one run of one program
 #   GPU_TEST_SANITIZER=0    leave the compute-sanitizer phase out (counted as skipped);
 #                           =only runs that phase alone (a lane of its own)
-#   GPU_TEST_ONLY="a b"     run only these tests (names as printed)
+#   GPU_TEST_ONLY="a b"     run only these tests (names as printed, or glob patterns:
+#                           'torch_*')
+#   GPU_TEST_SKIP="a b"     leave these out (names or patterns; counted nowhere): a
+#                           second call runs them with GPU_TEST_ONLY
 #   GPU_TEST_VARIANTS="static driver"  only these builds' tests (default all three;
 #                           the checks that are no C program count as shared):
 #                           lanes of one machine can split the suite by build
@@ -116,9 +119,12 @@ wanted() {
   case $1 in *#static) variant=static ;; *#driver) variant=driver ;; esac
   [[ $VARIANTS == *" $variant "* ]] || return 1
   [ "${GPU_TEST_SANITIZER:-1}" = only ] && [[ $1 != sanitizer:* ]] && return 1
+  # Each word is a glob pattern matched against the name (set -f: never a file name).
+  local - w
+  set -f
+  for w in ${GPU_TEST_SKIP:-}; do [[ $1 == $w ]] && return 1; done
   [ -z "${GPU_TEST_ONLY:-}" ] && return 0
-  local w
-  for w in $GPU_TEST_ONLY; do [ "$w" = "$1" ] && return 0; done
+  for w in $GPU_TEST_ONLY; do [[ $1 == $w ]] && return 0; done
   return 1
 }
 

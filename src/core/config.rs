@@ -379,7 +379,7 @@ pub static VARIABLES: &[Variable] = &[
     Variable {
         name: "SOMA_IDLE_MS",
         kind: Kind::Millis,
-        default: "50",
+        default: "20",
         doc: "After this many milliseconds with no allocation and no free on a device, once its work is done, all its pools hold unused goes back to the driver (what the program no longer holds reaches other processes about as soon as the program's own frees would); 0, or not below SOMA_DECAY_MS: after SOMA_DECAY_MS instead. Nothing goes with SOMA_DECAY_MS=0.",
         store: store!(idle, Millis),
     },
@@ -820,7 +820,7 @@ mod tests {
         assert_eq!(c.legacy_cache, LegacyCache::Auto);
         assert_eq!(c.memory_limit, Bytes::Exact(u64::MAX));
         assert_eq!(c.decay, Some(std::time::Duration::from_secs(1)));
-        assert_eq!(c.idle, Some(std::time::Duration::from_millis(50)));
+        assert_eq!(c.idle, Some(std::time::Duration::from_millis(20)));
         assert!(c.neighbours);
         assert_eq!(c.stats, StatsOutput::Off);
         assert_eq!(c.trace, None);
