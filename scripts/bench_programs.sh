@@ -231,6 +231,9 @@ say "somashim real-program benchmarks, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 if nvidia-smi -L >/dev/null 2>&1; then
   NGPU=$(nvidia-smi -L | grep -c '^GPU')
   say "GPU: $(nvidia-smi -L | head -n 1) (x$NGPU); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
+  # The CPUs and NUMA node near each GPU: a process the kernel places far from its GPU
+  # launches work more slowly, one possible cause of a program's per-process modes.
+  { echo "topology (nvidia-smi topo -m):"; nvidia-smi topo -m 2>&1 | sed 's/^/  /'; } >>"$LOG"
 else
   NGPU=0
   say "GPU: nvidia-smi failed (no GPU or no driver): the runs below will report errors"
