@@ -913,6 +913,9 @@ fi
 
 # ---- the CUDA 12 runtime (shared and static), if build/cu12 is here --------------
 if wanted cuda12; then
+  # Its own lines go to the log indented: the suite's verdicts below are the ones counted.
+  scripts/cuda12_test.sh "$SHIM" build/cu12 >"$RUNS/cuda12.out" 2>&1
+  sed 's/^/  /' "$RUNS/cuda12.out" >>"$LOG"
   while read -r verdict name rest; do
     detail=${rest#(}
     detail=${detail%)}
@@ -921,7 +924,7 @@ if wanted cuda12; then
       FAIL) fail "${name%:}" "$rest" ;;
       SKIP) skip "$name" "$detail" ;;
     esac
-  done < <(scripts/cuda12_test.sh "$SHIM" build/cu12 2>&1 | tee -a "$LOG" | grep -E '^(PASS|FAIL|SKIP) ')
+  done < <(grep -E '^(PASS|FAIL|SKIP) ' "$RUNS/cuda12.out")
 fi
 
 if [ ${#FAILED_NAMES[@]} -gt 0 ]; then say "# failed: ${FAILED_NAMES[*]}"; fi
