@@ -6,7 +6,8 @@ so that a slow spell of a shared machine hits every configuration alike. A
 ratio is taken within each round, and the rounds' ratios give its median and
 an interval: the distribution-free interval of the median from the order
 statistics, the narrowest whose confidence is at least 90% (with 5 rounds,
-the lowest and highest ratio: 94%). The noise floor is the same figure for
+the lowest and highest ratio: 94%); fewer rounds cannot reach 90%, and their
+interval is the range (75% with 3 rounds, 87.5% with 4). The noise floor is the same figure for
 an allocator against a second run of itself in the same round.
 
     python3 scripts/ratios.py   # checks this module on made-up figures
@@ -25,7 +26,8 @@ def median(values):
 def interval(values, confidence=0.90):
     """(low, high, coverage) of the median of `values`, or None with fewer
     than 2 values: the order statistics k and n + 1 - k with the largest k
-    whose coverage (binomial, p = 1/2) is still at least `confidence`."""
+    whose coverage (binomial, p = 1/2) is still at least `confidence`; where
+    none reaches it, the range and its coverage."""
     values = sorted(v for v in values if v is not None)
     n = len(values)
     if n < 2:
@@ -54,8 +56,8 @@ def cell(ratios):
 
 
 LEGEND = ("ratios: the median of the per-round ratios [its interval: order statistics, at least 90% "
-          "confidence; 94% with 5 rounds]; noise floor: an allocator against a second run of itself "
-          "in the same round")
+          "confidence from 5 rounds on (94% with 5); with fewer, the range (75% with 3)]; noise floor: an "
+          "allocator against a second run of itself in the same round")
 
 
 if __name__ == "__main__":
