@@ -42,11 +42,13 @@ static void free_busy(void *p, const char *label, int expect_at_once, int kept_h
 }
 
 /* The first free after the non-blocking stream is gone, of a block used on
- * the legacy stream, by default (not kept): on the legacy stream at once,
- * once a free finds that stream's last work passed. A free that finds the
- * shim's thread in the stream registry leaves that to a later free (and is
- * ordered after that work meanwhile): blocks are freed until one goes at
- * once, for SETTLE_MS at most. Prints what free_busy prints. */
+ * the legacy stream: by default on the legacy stream at once; with
+ * SOMA_LEGACY_CACHE=on kept, after a mark for the gone stream's work (this
+ * thread's record on the legacy stream). Either once a free finds that
+ * stream's last work passed: a free that finds the shim's thread retiring
+ * it from the stream registry queues its block instead (ordered after that
+ * work all the same). Blocks are freed until one goes at once, for
+ * SETTLE_MS at most. Prints what free_busy prints. */
 static void first_free_back_on_legacy(void) {
   cudaError_t rc = cudaSuccess;
   int at_once = 0;
@@ -55,13 +57,17 @@ static void first_free_back_on_legacy(void) {
     CHECK_CUDA(malloc_seen(&p, MiB, NULL));
     CHECK_EQ(fakecuda_launch(NULL, p), CUDA_SUCCESS);
     struct fakecuda_counters b = snap();
-    uint64_t waits = fakecuda_thread_waits();
+    uint64_t waits = fakecuda_thread_waits(), marks = fakecuda_thread_legacy_records();
     rc = cudaFree(p);
     waits = fakecuda_thread_waits() - waits;
+    marks = fakecuda_thread_legacy_records() - marks;
     struct fakecuda_counters m = snap();
     CHECK_EQ(waits, 0); /* the host was not blocked */
     CHECK_EQ(DELTA(b, m, unordered_frees), 0);
-    at_once = ptr_kind(p) == FAKECUDA_NONE && DELTA(b, m, pool_frees) >= 1;
+    if (kept)
+      at_once = ptr_kind(p) == FAKECUDA_POOL && DELTA(b, m, pool_frees) == 0 && marks == 1;
+    else
+      at_once = ptr_kind(p) == FAKECUDA_NONE && DELTA(b, m, pool_frees) >= 1;
     if (!at_once) usleep(1000);
   }
   printf("free after the stream is gone rc=%d\n", (int)rc);
@@ -169,14 +175,13 @@ int main(void) {
   CHECK_CUDA(cudaStreamSynchronize(nb));
   CHECK_CUDA(cudaStreamDestroy(nb));
   struct fakecuda_counters after = snap();
-  int first_by_default = pooled && !kept;
-  if (first_by_default) first_free_back_on_legacy();
-  for (int i = first_by_default; i < 3; i++) {
+  if (pooled) first_free_back_on_legacy();
+  for (int i = pooled; i < 3; i++) {
     void *p = NULL;
     CHECK_CUDA(malloc_seen(&p, MiB, NULL));
     CHECK_EQ(fakecuda_launch(NULL, p), CUDA_SUCCESS);
-    /* The first after the stream's work: kept only with a mark (SOMA_LEGACY_CACHE=on). */
-    free_busy(p, "free after the stream is gone", pooled, kept || (pooled && i > 0), 0);
+    /* After the first: kept with no mark (nothing went off the legacy stream since). */
+    free_busy(p, "free after the stream is gone", pooled, pooled, 0);
   }
   check_clean(after, "stream gone");
 
