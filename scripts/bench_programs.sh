@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real-program benchmarks: PyTorch training, CuPy array chains and (with 2+ GPUs)
-# DDP over NCCL, each under several allocators, the shim among them; one table.
+# DDP over NCCL, each under several allocators, the shim among them, and what the
+# preload costs `import torch`; one table.
 #
 #   scripts/bench_programs.sh path/to/libsomashim.so
 #
@@ -15,6 +16,8 @@
 #                            token by token): caching, caching-off, caching-off+shim,
 #                            cudaMallocAsync; the tokens must be the same in every run
 #   cupy/*                   scripts/bench_cupy.py: pool, nopool, nopool+shim
+#   import/*                 scripts/bench_import.py (`import torch` in new processes, time
+#                            per process): plain, plain+shim (the preload's cost there)
 #   ddp2/*  (2+ GPUs only)   torchrun 2 ranks of scripts/bench_ddp.py: caching,
 #                            caching-off, caching-off+shim, cudaMallocAsync
 #
@@ -40,7 +43,8 @@
 # Output: progress and the table on stdout; $OUT/programs.jsonl (one JSON line per
 # scenario) and $OUT/programs.log (environment, table, each scenario's stderr) if OUT
 # is set, else build/programs/. A failed scenario is reported and the rest go on;
-# the exit status is 1 if any failed. About 4-6 minutes a round on one H100/H200.
+# the exit status is 1 if any failed. About 4-6 minutes a round on one H100/H200
+# (the import rows add 12 processes of `import torch`).
 set -uo pipefail
 [ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
 cd "$(dirname "$0")/.." || exit 2
@@ -127,7 +131,8 @@ AGAIN = " again"
 
 def table(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
-    ms_of = lambda r: None if "error" in r else r.get("ms_per_step_median", r.get("ms_per_chain_median", r.get("ms_per_token_median")))
+    ms_of = lambda r: None if "error" in r else next(
+        (r[k] for k in ("ms_per_step_median", "ms_per_chain_median", "ms_per_token_median", "ms_per_import_median") if k in r), None)
     mem_of = lambda r: None if "error" in r else r.get("peak_device_used_mib")
     names, runs, base = [], {}, {}
     for r in rows:
@@ -172,7 +177,7 @@ def table(path):
             elif r.get("bench") == "torch":
                 checks.append(fmt(r.get("final_loss"), ".5f"))
             elif r.get("check_ok") is True:
-                checks.append("ok" if r.get("bench") == "cupy" else f"ok {fmt(r.get('final_loss'), '.4f')}")
+                checks.append("ok" if r.get("bench") in ("cupy", "import") else f"ok {fmt(r.get('final_loss'), '.4f')}")
             else:
                 checks.append("FAIL")
         check = next((c for c in checks if c in ("ERROR", "FAIL", "FAIL tokens")), checks[-1])
@@ -195,11 +200,12 @@ def table(path):
         print("  ".join(c.ljust(x) if i == 0 else c.rjust(x) for i, (c, x) in enumerate(zip(cells, w))))
     print()
     print("ms: median per training step (transformer, resnet, ddp2: rank 0), per generated token (generate)")
-    print("  or per array chain (cupy),")
+    print("  or per array chain (cupy), per process that imports torch (import),")
     print("  after the warm-up, in each run; the table gives the median over the rounds and [min-max].")
     print("  host ms (torch; ddp2: rank 0): the part of a step until the program's thread had issued it, median; near")
     print("  ms, the step waits for the host (allocation calls count there), not for the GPU.")
-    print("x base: against the group's first row (PyTorch's caching allocator, CuPy's pool) in the same round;")
+    print("x base: against the group's first row (PyTorch's caching allocator, CuPy's pool, import without the")
+    print("  preload) in the same round;")
     print("  the row ' again' is that allocator run a second time in the round: its ratio is the noise floor.")
     print("  x best own (shim rows): against the group's fastest own allocator (" + ", ".join(OWN) + ") in the same round.")
     print("  " + ratios.LEGEND + ".")
@@ -211,7 +217,7 @@ def table(path):
     print("  pooled nothing; '-': no statistics (not a shim run, or a shim without SOMA_STATS).")
     print("loss/check: final training loss (seeded: similar across allocators), the generated tokens' hash")
     print("  (the same for every allocator, else 'FAIL tokens'), 'ok' = CuPy results")
-    print("  right / DDP parameters identical on every rank.")
+    print("  right / DDP parameters identical on every rank / every import exited 0, stderr empty.")
     if errors:
         print()
         print("failed:")
@@ -327,6 +333,11 @@ shim_scenario() {
 
 # One round: every scenario once.
 one_round() {
+  IMPORT=("$PY" scripts/bench_import.py --module torch --imports 3 --warmup 1)
+  scenario import/plain -- "${IMPORT[@]}" --label import/plain
+  shim_scenario import/plain+shim -- "${IMPORT[@]}" --label import/plain+shim
+  scenario "import/plain again" -- "${IMPORT[@]}" --label "import/plain again"
+
   for model in transformer resnet; do
     steps=$STEPS
     [ "$model" = resnet ] && steps=$RESNET_STEPS

@@ -921,6 +921,35 @@ PYEOF
   checked "benchmark ratios (scripts/ratios.py, the program benchmarks' table)" "${problems[@]}"
 fi
 
+# The program benchmarks' import rows end to end, on a stand-in `torch` module (no
+# GPU): each row timed and checked, the noise floor row; an import that writes to
+# stderr fails its rows and the run.
+if wanted "benchmark import rows" && command -v python3 >/dev/null; then
+  next_key
+  problems=()
+  stand_in=$RUNS/$KEY.torch
+  mkdir -p "$stand_in"
+  import_rows() {
+    PYTHONPATH=$stand_in OUT=$RUNS/$KEY.$1 BENCH_REPS=$2 BENCH_ONLY=import timeout -k 5 "$TMO" \
+      scripts/bench_programs.sh "$SHIM" >"$RUNS/$KEY.$1.out" 2>&1
+  }
+  echo 'import time; time.sleep(0.02)' >"$stand_in/torch.py"
+  import_rows quiet 2
+  rc=$?
+  [ "$rc" = 0 ] || problems+=("exit status $rc" "$(tail -n 5 "$RUNS/$KEY.quiet.out")")
+  [ "$(grep -c '"ms_per_import_median"' "$RUNS/$KEY.quiet/programs.jsonl")" = 6 ] ||
+    problems+=("not 6 timed runs (3 rows, 2 rounds)" "$(cat "$RUNS/$KEY.quiet/programs.jsonl")")
+  grep -qE '^import/plain\+shim +[0-9.]+ .* ok$' "$RUNS/$KEY.quiet.out" || problems+=("no shim row" "$(cat "$RUNS/$KEY.quiet.out")")
+  grep -qE '^import/plain again .* noise .* ok$' "$RUNS/$KEY.quiet.out" || problems+=("no noise floor row")
+  echo 'import sys; sys.stderr.write("a warning\n")' >"$stand_in/torch.py"
+  import_rows noisy 1
+  rc=$?
+  [ "$rc" = 1 ] || problems+=("an import that writes to stderr: exit status $rc, not 1")
+  grep -qE '^import/plain\+shim .* ERROR$' "$RUNS/$KEY.noisy.out" || problems+=("its row not marked ERROR")
+  grep -q 'stderr: a warning' "$RUNS/$KEY.noisy.out" || problems+=("its stderr not reported" "$(tail -n 5 "$RUNS/$KEY.noisy.out")")
+  checked "benchmark import rows (scripts/bench_programs.sh, a stand-in torch)" "${problems[@]}"
+fi
+
 # `make demo` on a machine without a GPU: the legacy loop on the test double.
 if wanted "make demo on the test double"; then
   next_key

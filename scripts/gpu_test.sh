@@ -773,22 +773,15 @@ elif wanted torch_libraries; then
   skip torch_libraries "no PyTorch with CUDA"
 fi
 if wanted torch_import && "$PY" -c 'import torch' 2>/dev/null; then
-  # 'import torch' with and without the preload, interleaved; the medians are
-  # reported, and the check fails only past noise (20% and 0.2 s).
-  : >"$RUNS/import.times"
-  for _ in 1 2 3 4 5; do
-    for mode in native shim; do
-      t0=$(date +%s.%N)
-      if [ "$mode" = shim ]; then LD_PRELOAD="$SHIM" "$PY" -c 'import torch' 2>>"$RUNS/import.err"; else "$PY" -c 'import torch'; fi
-      echo "$mode $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" >>"$RUNS/import.times"
-    done
-  done
-  med() { awk -v m="$1" '$1 == m {print $2}' "$RUNS/import.times" | sort -n | sed -n 3p; }
-  tn=$(med native) ts=$(med shim)
-  if awk -v n="$tn" -v s="$ts" 'BEGIN{exit !(s <= n * 1.2 + 0.2)}' && [ ! -s "$RUNS/import.err" ]; then
-    pass torch_import "median of 5: native ${tn}s, shim ${ts}s"
+  # 'import torch' loads the CUDA libraries and allocates nothing: under the
+  # preload it works and the shim says nothing. What it costs is a benchmark's
+  # (the import rows of scripts/bench_programs.sh), not a timed test's.
+  LD_PRELOAD="$SHIM" timeout "$T" "$PY" -c 'import torch' 2>"$RUNS/import.err"
+  rc=$?
+  if [ "$rc" = 0 ] && [ ! -s "$RUNS/import.err" ]; then
+    pass torch_import "exit status 0, nothing on stderr"
   else
-    fail torch_import "median of 5: native ${tn}s, shim ${ts}s; stderr: $(head -c 300 "$RUNS/import.err")"
+    fail torch_import "exit status $rc; stderr: $(head -c 300 "$RUNS/import.err")"
   fi
 elif wanted torch_import; then
   skip torch_import "no PyTorch"
