@@ -173,27 +173,32 @@ static struct taken take(int shim, double poll_ms) {
 static const char *const NO_DECAY_ALONE[] = {"SOMA_DECAY_MS=0", "SOMA_NEIGHBOURS=0", NULL};
 static const char *const NO_DECAY[] = {"SOMA_DECAY_MS=0", NULL};
 
-static void decay(void) {
-  const char *settings[] = {"SOMA_DECAY_MS=1000", "SOMA_IDLE_MS=0", "SOMA_NEIGHBOURS=0", NULL};
+/* A holder with `settings`, then a native taker polling for `poll_ms` at
+ * most; `after_free_ms` gets how long after the holder's last free it got
+ * the memory. */
+static struct taken taken_from_holder(const char *const *settings, double poll_ms, double *after_free_ms) {
   double last_free = 0;
   struct child h = start_holder(settings, &last_free);
-  struct taken t = take(0, 6000);
-  printf("# the taker got it %.1f ms after the holder's last free\n", t.got_at_ms - last_free);
-  printf("a native neighbour: out of memory at once: %s\n", t.first_rc != cudaSuccess ? "yes" : "no");
-  printf("it succeeds once the delay has passed: %s\n",
-         t.rc == cudaSuccess && t.got_at_ms - last_free >= 1000 ? "yes" : "no");
+  struct taken t = take(0, poll_ms);
+  *after_free_ms = t.got_at_ms - last_free;
+  printf("# the taker got it %.1f ms after the holder's last free\n", *after_free_ms);
   CHECK_EQ(finish_child(h), 0);
+  return t;
+}
+
+static void decay(void) {
+  const char *settings[] = {"SOMA_DECAY_MS=1000", "SOMA_IDLE_MS=0", "SOMA_NEIGHBOURS=0", NULL};
+  double after_free = 0;
+  struct taken t = taken_from_holder(settings, 6000, &after_free);
+  printf("a native neighbour: out of memory at once: %s\n", t.first_rc != cudaSuccess ? "yes" : "no");
+  printf("it succeeds once the delay has passed: %s\n", t.rc == cudaSuccess && after_free >= 1000 ? "yes" : "no");
 }
 
 static void idle(void) {
   const char *settings[] = {"SOMA_DECAY_MS=600000", "SOMA_IDLE_MS=50", "SOMA_NEIGHBOURS=0", NULL};
-  double last_free = 0;
-  struct child h = start_holder(settings, &last_free);
-  struct taken t = take(0, 60000);
-  printf("# the taker got it %.1f ms after the holder's last free\n", t.got_at_ms - last_free);
-  printf("a native neighbour gets it once the holder has idled: %s\n",
-         t.rc == cudaSuccess && t.got_at_ms - last_free >= 50 ? "yes" : "no");
-  CHECK_EQ(finish_child(h), 0);
+  double after_free = 0;
+  struct taken t = taken_from_holder(settings, 60000, &after_free);
+  printf("a native neighbour gets it once the holder has idled: %s\n", t.rc == cudaSuccess && after_free >= 50 ? "yes" : "no");
 }
 
 static void never(void) {
