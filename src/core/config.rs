@@ -358,8 +358,8 @@ pub static VARIABLES: &[Variable] = &[
     Variable {
         name: "SOMA_LARGE_BLOCKS",
         kind: Kind::Size { allow_total: false },
-        default: "512MiB",
-        doc: "Requests of at least this size are allocated by the real cuMemAlloc, which maps memory faster than a pool grows, and their freed blocks wait in the shim's cache for reuse; one unused for SOMA_DECAY_MS, an out-of-memory and other processes' asks give them back with the real cuMemFree; 0: every size from the pool.",
+        default: "64MiB",
+        doc: "Requests of at least this size that take the program past its recent peak are allocated by the real cuMemAlloc, which maps memory faster than a pool grows, and their freed blocks wait in the shim's cache for a request of their size; within the peak they come from the pool; the device holds at most 1.2 times that peak, giving cached blocks back with the real cuMemFree first; 0: every size from the pool.",
         store: store_bytes!(large_blocks),
     },
     Variable {

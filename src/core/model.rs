@@ -336,6 +336,17 @@ impl SimGpu {
     }
 
     /// The most memory the pools have held at once, all together.
+    /// Bytes the pools reserve and the real allocator's live blocks hold.
+    pub fn held(&self) -> u64 {
+        let s = self.state();
+        s.pools.values().map(|p| p.reserved).sum::<u64>() + s.real_bytes
+    }
+
+    /// Bytes the pools reserve and do not use.
+    pub fn pools_unused(&self) -> u64 {
+        self.state().pools.values().map(|p| p.reserved - p.used).sum()
+    }
+
     pub fn reserved_high(&self) -> u64 {
         self.state().pools.values().map(|p| p.reserved_high).sum()
     }

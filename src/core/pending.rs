@@ -87,6 +87,8 @@ pub enum Keep {
     /// within `within` bytes, and the small blocks in the cache within as
     /// much again; large blocks until unused for their age.
     Young { within: u64 },
+    /// All but the oldest large blocks, `by` bytes of them or just more.
+    FewerLarge { by: u64 },
     None,
 }
 
@@ -176,6 +178,11 @@ impl PendingFrees {
 
     pub fn cached_bytes(&self) -> u64 {
         self.cached_bytes.load(Relaxed)
+    }
+
+    /// The large blocks' share of `cached_bytes`.
+    pub fn cached_large_bytes(&self) -> u64 {
+        self.large_cached_bytes.load(Relaxed)
     }
 
     /// Bytes freed and not yet handed out again (pending or cached).
@@ -485,11 +492,13 @@ impl PendingFrees {
                     };
                     (over(self.bounded_bytes(), false), over(small, true))
                 }
+                Keep::FewerLarge { by } => (oldest_to_release(&cache, by, |size| self.is_large(size)), None),
                 Keep::None => (Some(after_all_cached()), Some(after_all_cached())),
             };
             for (&size, blocks) in cache.iter_mut() {
                 let cutoff = match keep {
                     Keep::Young { .. } if self.is_large(size) => self.large_age.and_then(|age| Instant::now().checked_sub(age)),
+                    Keep::FewerLarge { .. } if !self.is_large(size) => None,
                     _ if self.is_small(size) => release_before.1,
                     _ => release_before.0,
                 };
@@ -638,6 +647,26 @@ mod tests {
         pending.release_cached(Keep::None, &map, |ptr, _| released.push(ptr));
         assert_eq!(released, [3, 1], "out of memory, or asked: every large block goes");
         assert_eq!((pending.held_bytes(), pending.bounded_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn fewer_large_blocks_gives_back_the_oldest_large_ones_only() {
+        let map = PointerMap::default();
+        let pending = PendingFrees::new(0, 100, None, Observer::Device);
+        for (ptr, size) in [(1, 200), (2, 8), (3, 100), (4, 300)] {
+            pending.queue(ptr, size);
+            let block = lock(&pending.queued).pop().expect("queued");
+            pending.cache_pending(vec![block], size, false);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(pending.cached_large_bytes(), 600);
+        let mut released = Vec::new();
+        pending.release_cached(Keep::FewerLarge { by: 250 }, &map, |ptr, _| released.push(ptr));
+        released.sort();
+        assert_eq!(released, [1, 3], "250 bytes asked: the two oldest large blocks (300), not the small one");
+        assert_eq!((pending.cached_bytes(), pending.cached_large_bytes()), (308, 300));
+        pending.release_cached(Keep::FewerLarge { by: 0 }, &map, |ptr, _| released.push(ptr));
+        assert_eq!(released, [1, 3], "nothing asked, nothing goes");
     }
 
     #[test]

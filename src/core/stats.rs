@@ -81,6 +81,9 @@ pub struct Tally {
     pub cache_hits: AtomicU64,
     /// Allocations the real allocator made for the shim (`SOMA_LARGE_BLOCKS`).
     pub large_blocks: AtomicU64,
+    /// Large requests that gave memory back first, to stay within the
+    /// device's budget (`core/device/budget.rs`).
+    pub budget_give_backs: AtomicU64,
 }
 
 impl DeviceCounters {
@@ -281,6 +284,7 @@ impl Stats {
             }
             count(&mut out, "allocations from the cache", d.total(|t| &t.cache_hits));
             count(&mut out, "large blocks (real allocator)", d.total(|t| &t.large_blocks));
+            count(&mut out, "give-backs within the budget", d.total(|t| &t.budget_give_backs));
             count(&mut out, "waits for pending frees", d.pending_waits.load(Relaxed));
             count(&mut out, "out-of-memory retries", d.oom_retries.load(Relaxed));
             count(&mut out, "out-of-memory fallbacks", d.oom_fallbacks.load(Relaxed));

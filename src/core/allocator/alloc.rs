@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::state::Allocator;
+use crate::core::device::budget::{self, Source};
 use crate::core::device::ordering::Wait;
 use crate::core::device::pool::{AllocFailure, Device};
 use crate::core::locks::read;
@@ -92,6 +93,7 @@ impl Allocator {
                     }
                 };
                 let in_use = self.stats.pooled_alloc(device.ordinal, device.host, size);
+                device.note_in_use(in_use);
                 let op = if device.host { Op::HostAlloc } else { Op::Alloc };
                 self.observe(driver, &device, op, size, ptr, in_use, caller);
                 Ok(ptr)
@@ -148,18 +150,44 @@ impl Allocator {
                 return Ok(Served::Cached(ptr));
             }
         }
-        let ptr = match device.alloc(driver, size, quiet, false) {
+        let source = if quiet && device.is_large(size) { self.make_room_for_large(driver, device, size, in_use)? } else { Source::Pool };
+        let ptr = match device.alloc(driver, size, source, quiet, false) {
             Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) if quiet => {
                 counters.oom_retries.fetch_add(1, Ordering::Relaxed);
                 self.reclaim(driver, device, Wait::All);
                 self.release_segments(driver, device);
-                match device.alloc(driver, size, quiet, false) {
-                    Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) => device.alloc(driver, size, quiet, true),
+                match device.alloc(driver, size, source, quiet, false) {
+                    Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) => device.alloc(driver, size, source, quiet, true),
                     other => other,
                 }
             }
             other => other,
         }?;
         Ok(Served::Pool(ptr))
+    }
+
+    /// Where a large request of `size` bytes comes from, after what the
+    /// device holds was brought within its budget for it (`budget::plan`):
+    /// cached large blocks of other sizes go back (the real allocator's with
+    /// the real free, which waits for the device as the program's own frees
+    /// of them would have; the pool's to the pool, which may then serve the
+    /// request) and, if that is not enough, the pool's unused memory. No
+    /// capture may be in progress. `in_use`: the program's bytes on the device.
+    fn make_room_for_large(&self, driver: &impl Gpu, device: &Device, size: u64, in_use: u64) -> Result<Source, AllocFailure> {
+        let mut plan = budget::plan(size, &device.holding(driver, in_use));
+        let gives_back = plan.give_back_large > 0 || plan.trim_pool;
+        if plan.give_back_large > 0 {
+            device.give_back_cached_large(driver, &self.map, plan.give_back_large);
+            self.release_segments(driver, device);
+            plan = budget::plan(size, &device.holding(driver, in_use));
+        }
+        if plan.trim_pool {
+            device.trim_unused(driver)?;
+        }
+        if gives_back {
+            log::debug!("device {}: {size} bytes asked, {in_use} in use: gave back within the budget", device.ordinal);
+            self.stats.counters(device.ordinal, device.host).tally().budget_give_backs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(plan.source)
     }
 }

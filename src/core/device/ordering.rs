@@ -294,7 +294,9 @@ impl Device {
             }
             // Checked, then cached: threads freeing at once may pass it by a block each.
             && self.pending.has_room(size, self.pending_free_limit)
-            // A large block of the real allocator has no pool to go back to.
+            // A large block of the pool goes back to it, which serves every
+            // size from it; one of the real allocator has no pool to go back to.
+            && !self.is_large(size)
                 || segment.is_some());
         if keep {
             if let Some(marked) = self.order_kept(driver, side_work) {

@@ -8,9 +8,11 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::core::config::{Config, FreeOrder, LegacyCache, PoolChoice};
+use super::budget::{Holding, PeakWindow, Source};
 use crate::core::decay::Window;
 use crate::core::locks::{lock, Padded};
-use crate::core::pending::PendingFrees;
+use crate::core::pending::{Keep, PendingFrees};
+use crate::core::ptrmap::PointerMap;
 use crate::core::stats::PoolPeaks;
 use crate::core::streams::Observer;
 use crate::core::turns::Turns;
@@ -97,6 +99,11 @@ pub struct Device {
     /// Each pool's used high-water mark before the decay last started it
     /// again: the peak the statistics report.
     pub(super) used_high_before: [AtomicU64; 2],
+    /// The program's highest use of the device since the decay's last check.
+    pub(super) in_use_high: AtomicU64,
+    /// The program's peak use over the decay's last checks (`peaks`).
+    pub(super) recent_peak: AtomicU64,
+    pub(super) peaks: Mutex<PeakWindow>,
 }
 
 /// A large block of the real allocator.
@@ -213,6 +220,9 @@ impl Device {
             decay: Mutex::new(config.decay.map(|delay| Window::new(delay, config.idle.filter(|_| owns_pool), Instant::now()))),
             trimming: Mutex::new(()),
             used_high_before: Default::default(),
+            in_use_high: AtomicU64::new(0),
+            recent_peak: AtomicU64::new(0),
+            peaks: Mutex::new(PeakWindow::default()),
         })
     }
 
@@ -233,12 +243,14 @@ impl Device {
         self.shareable.then(|| self.pool_for(size))
     }
 
-    /// A block of `size` bytes from the pool, usable at once from every
+    /// A block of `size` bytes from `source`, usable at once from every
     /// stream. The device's context must be current. `legacy_allowed`: no
     /// capture is in progress (one would make a legacy-stream operation
-    /// fail), nor can one begin before this returns. `trim`: give the pool's
-    /// unused memory back to the driver first (out of memory).
-    pub fn alloc(&self, driver: &impl Gpu, size: u64, legacy_allowed: bool, trim: bool) -> Result<u64, AllocFailure> {
+    /// fail), nor can one begin before this returns; the real allocator
+    /// serves only then (a real allocation could break a capture on another
+    /// thread). `trim`: give the pool's unused memory back to the driver
+    /// first (out of memory, or over the budget).
+    pub fn alloc(&self, driver: &impl Gpu, size: u64, source: Source, legacy_allowed: bool, trim: bool) -> Result<u64, AllocFailure> {
         let stream = if legacy_allowed && self.reuses_on_legacy_stream() {
             Stream::LEGACY
         } else {
@@ -248,9 +260,7 @@ impl Device {
             log::debug!("device {}: trimming the pool for {size} bytes", self.ordinal);
             self.trim(driver, legacy_allowed)?;
         }
-        // The real allocator: not during a capture, which a real allocation
-        // on another thread could break.
-        if legacy_allowed && self.is_large(size) {
+        if legacy_allowed && source == Source::RealAllocator {
             return self.alloc_segment(driver, size);
         }
         let ptr = driver.alloc_from_pool(size, self.pool_for(size), stream).map_err(AllocFailure::of)?;
@@ -289,6 +299,55 @@ impl Device {
     /// Whether a request of `size` bytes is large (`SOMA_LARGE_BLOCKS`).
     pub fn is_large(&self, size: u64) -> bool {
         self.pending.is_large(size)
+    }
+
+    /// The program holds `in_use` bytes of the device after an allocation.
+    pub fn note_in_use(&self, in_use: u64) {
+        if in_use > self.in_use_high.load(Relaxed) {
+            self.in_use_high.fetch_max(in_use, Relaxed);
+        }
+    }
+
+    /// What the device holds and its program uses (`in_use` bytes now), as
+    /// a large request's budget needs it (`budget::plan`).
+    pub fn holding(&self, driver: &impl Gpu, in_use: u64) -> Holding {
+        let bytes = |counter| driver.pool_bytes(self.pool, counter).unwrap_or(0);
+        Holding {
+            in_use,
+            peak: self.recent_peak.load(Relaxed).max(self.in_use_high.load(Relaxed)),
+            held: self.reserved(driver),
+            cached_large: self.pending.cached_large_bytes(),
+            pool_unused: bytes(PoolCounter::ReservedNow).saturating_sub(bytes(PoolCounter::UsedNow)),
+        }
+    }
+
+    /// A decay check: the highest use since the last one joins the window.
+    pub(super) fn check_peak(&self) {
+        let high = self.in_use_high.swap(0, Relaxed);
+        self.recent_peak.store(lock(&self.peaks).check(high), Relaxed);
+    }
+
+    /// All the device held unused went back: the program's next rise is growth.
+    pub(super) fn forget_peak(&self) {
+        lock(&self.peaks).forget();
+        self.recent_peak.store(0, Relaxed);
+        self.in_use_high.store(0, Relaxed);
+    }
+
+    /// Gives the cached large blocks back, the oldest first, `bytes` of them
+    /// or just more: those of the real allocator wait for the real free
+    /// (`release_segments`), those of the pool go back to it. No capture
+    /// may be in progress.
+    pub fn give_back_cached_large(&self, driver: &impl Gpu, map: &PointerMap, bytes: u64) {
+        self.pending.release_cached(Keep::FewerLarge { by: bytes }, map, |ptr, in_legacy_order| {
+            self.return_to_pool(driver, ptr, in_legacy_order)
+        });
+    }
+
+    /// Gives the pools' unused memory back to the driver, after the host
+    /// waited for the frees in them to pass. No capture may be in progress.
+    pub fn trim_unused(&self, driver: &impl Gpu) -> Result<(), AllocFailure> {
+        self.trim(driver, true)
     }
 
     /// Whether large blocks wait for the real free (`release_segments`).

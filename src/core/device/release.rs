@@ -41,6 +41,7 @@ impl Device {
         let Some(window) = window.as_mut() else { return 0 };
         let mut given = 0;
         if window.due(now) {
+            self.check_peak();
             match window.check(now, activity, self.used_highs_since_last_check(driver)) {
                 Release::All => return self.give_back(driver, map),
                 // A check that keeps the peak does not put the idle rule off.
@@ -62,9 +63,11 @@ impl Device {
     /// Everything the pools hold that the program does not: the cache goes
     /// to the pool, the pool returns what it does not use (frees the GPU has
     /// not passed yet stay), and cached large blocks go with the real free.
-    /// The device's context must be current, no capture in progress.
-    /// Returns the bytes given back.
+    /// What the program used before counts no more for the budget: its next
+    /// rise is growth (`budget`). The device's context must be current, no
+    /// capture in progress. Returns the bytes given back.
     pub fn give_back(&self, driver: &impl Gpu, map: &PointerMap) -> u64 {
+        self.forget_peak();
         // The streams cached blocks went back on: the pool's, the legacy one.
         let mut returned = [false; 2];
         // Another thread returning frees meanwhile (an allocation that

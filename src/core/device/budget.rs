@@ -1,0 +1,153 @@
+//! How much memory a device may hold for its program, and where a large
+//! request's memory comes from.
+//!
+//! A pool reuses what it reserves for any size but grows slowly; the real
+//! allocator maps fast but a block it made serves only its own size again
+//! (docs/FACTS.md, "Growth and trim"). So a large request that the pool can
+//! serve from memory it already reserves comes from the pool; one that takes
+//! the program past its recent peak in use is growth, and comes from the real
+//! allocator; one within that peak is steady use of varying sizes, and comes
+//! from the pool, which grows once and serves every size after. Before either
+//! takes new memory, what the device holds (the pools' reservations and the
+//! large blocks, used or not) is brought within 1.2 times the
+//! larger of that peak and the use with the request: cached large blocks go
+//! back with the real free, oldest first, then the pool's unused memory.
+
+use super::super::decay::CHECKS;
+
+/// What a device may hold: this many fifths of the program's peak in use.
+pub const HELD_OVER_PEAK_FIFTHS: u64 = 6;
+
+/// The most a device may hold for a program whose peak in use is `peak`.
+pub fn allowed(peak: u64) -> u64 {
+    peak.saturating_mul(HELD_OVER_PEAK_FIFTHS) / 5
+}
+
+/// Where a new block's memory comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Pool,
+    /// The real allocator (`cuMemAlloc`), as a large block the shim keeps.
+    RealAllocator,
+}
+
+/// What a device holds and its program uses, as a large request finds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// Bytes the program holds from the shim on the device, all sizes.
+    pub in_use: u64,
+    /// The program's peak in use over the last decay delay (since its start
+    /// without the decay, or since the device last gave back all it held).
+    pub peak: u64,
+    /// Bytes the pools reserve and the large blocks hold, used or not.
+    pub held: u64,
+    /// Bytes of large blocks in the cache: they can go back at once.
+    pub cached_large: u64,
+    /// Bytes the pool of large requests reserves and does not use.
+    pub pool_unused: u64,
+}
+
+/// What a large request does before it takes memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub source: Source,
+    /// Bytes of cached large blocks to give back first (oldest first; the
+    /// last one given may take more).
+    pub give_back_large: u64,
+    /// Give the pool's unused memory back first too.
+    pub trim_pool: bool,
+}
+
+/// Where a large request of `size` bytes comes from, and what goes back first.
+pub fn plan(size: u64, holding: &Holding) -> Plan {
+    if holding.pool_unused >= size {
+        // Memory already held, reused for this size: nothing new taken.
+        return Plan { source: Source::Pool, give_back_large: 0, trim_pool: false };
+    }
+    let with_request = holding.in_use.saturating_add(size);
+    let source = if with_request > holding.peak { Source::RealAllocator } else { Source::Pool };
+    let excess = holding.held.saturating_add(size).saturating_sub(allowed(holding.peak.max(with_request)));
+    let give_back_large = excess.min(holding.cached_large);
+    Plan { source, give_back_large, trim_pool: excess > give_back_large && holding.pool_unused > 0 }
+}
+
+/// The program's peak in use over the decay's last `CHECKS` checks.
+#[derive(Debug, Default)]
+pub struct PeakWindow {
+    highs: [u64; CHECKS],
+    slot: usize,
+}
+
+impl PeakWindow {
+    /// A check saw `high` as the highest use since the last: the peak of the
+    /// last `CHECKS` checks.
+    pub fn check(&mut self, high: u64) -> u64 {
+        self.highs[self.slot] = high;
+        self.slot = (self.slot + 1) % CHECKS;
+        self.highs.iter().copied().max().unwrap_or(0)
+    }
+
+    /// The device gave back all it held unused: what the program used before
+    /// counts no more (its next rise is growth).
+    pub fn forget(&mut self) {
+        *self = PeakWindow::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_request_the_pools_unused_memory_covers_takes_nothing_new() {
+        let holding = Holding { in_use: 0, peak: 2 * GIB, held: 2 * GIB, cached_large: 0, pool_unused: 2 * GIB };
+        assert_eq!(plan(GIB, &holding), Plan { source: Source::Pool, give_back_large: 0, trim_pool: false });
+    }
+
+    #[test]
+    fn growth_past_the_peak_comes_from_the_real_allocator() {
+        // A fresh burst: each request raises the peak, nothing is cached.
+        let holding = Holding { in_use: 3 * GIB, peak: 3 * GIB, held: 3 * GIB, cached_large: 0, pool_unused: 0 };
+        assert_eq!(plan(GIB, &holding), Plan { source: Source::RealAllocator, give_back_large: 0, trim_pool: false });
+    }
+
+    #[test]
+    fn a_size_within_the_peak_comes_from_the_pool_once_cached_blocks_of_other_sizes_went() {
+        // One block live at a time: 1 GiB was used and is cached; 800 MiB now.
+        let holding = Holding { in_use: 0, peak: GIB, held: GIB, cached_large: GIB, pool_unused: 0 };
+        let planned = plan(800 * MIB, &holding);
+        assert_eq!(planned.source, Source::Pool);
+        // 1 GiB + 800 MiB held against 1.2 GiB allowed: the cached block goes.
+        assert_eq!(planned.give_back_large, GIB + 800 * MIB - allowed(GIB));
+        assert!(!planned.trim_pool);
+    }
+
+    #[test]
+    fn past_the_cached_blocks_the_pools_unused_memory_goes_too() {
+        // A growing buffer: 800 MiB unused in the pool, 1.4 GiB asked, peak 1 GiB.
+        let holding = Holding { in_use: 0, peak: GIB, held: 800 * MIB, cached_large: 0, pool_unused: 800 * MIB };
+        let planned = plan(1400 * MIB, &holding);
+        assert_eq!(planned, Plan { source: Source::RealAllocator, give_back_large: 0, trim_pool: true });
+    }
+
+    #[test]
+    fn within_the_allowance_nothing_goes_back() {
+        let holding = Holding { in_use: GIB, peak: 4 * GIB, held: 2 * GIB, cached_large: GIB, pool_unused: 0 };
+        assert_eq!(plan(GIB, &holding), Plan { source: Source::Pool, give_back_large: 0, trim_pool: false });
+    }
+
+    #[test]
+    fn the_window_keeps_the_peak_of_the_last_checks_and_forgets_on_demand() {
+        let mut window = PeakWindow::default();
+        assert_eq!(window.check(5), 5);
+        for _ in 1..CHECKS {
+            assert_eq!(window.check(1), 5, "within the last {CHECKS} checks");
+        }
+        assert_eq!(window.check(2), 2, "the peak is older than the window");
+        window.forget();
+        assert_eq!(window.check(0), 0);
+    }
+}
