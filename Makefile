@@ -82,7 +82,6 @@ demo: shim
 
 bench: shim
 	scripts/bench.sh $(SHIM_LIB)
-	scripts/bench_neighbours.sh $(SHIM_LIB)
 
 # Every GPU framework installed here, natively and under the shim (scripts/compat.py).
 compat: shim

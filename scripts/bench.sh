@@ -22,8 +22,9 @@
 # and 3. what counting by library costs: shim / nolib, each repetition's pair
 # of runs compared; then the verdict on the targets (ok/MISS; a miss does not fail
 # the benchmark: speed targets live here, never in timed tests); then pinned
-# host memory (scripts/bench_pinned.sh), CUDA IPC (scripts/bench_ipc.sh) and two processes
-# sharing the GPU (scripts/bench_neighbours.sh).
+# host memory (scripts/bench_pinned.sh), CUDA IPC (scripts/bench_ipc.sh), two processes
+# sharing the GPU (scripts/bench_neighbours.sh) and the memory a program holds
+# (scripts/bench_held.sh).
 #
 # Every scenario runs BENCH_REPS times (default 3), each time in a fresh
 # process; the repetitions go round the whole list, so that a noisy spell of
@@ -37,7 +38,7 @@
 #                   its group (sizes, nlp, threads, streams, 4x4G, stall) or of
 #                   the part itself (size:1048576, threads:8,
 #                   threads-legacy:16, idle-nb:256, streams4x4G, ...), and
-#                   the benchmarks run after them (pinned, ipc, neighbours),
+#                   the benchmarks run after them (pinned, ipc, neighbours, held),
 #                   e.g. BENCH_ONLY='streams|threads'
 #   BENCH_MODES     extended regex on the whole mode name (real reallive shim
 #                   shimnb async shimsync shimnolib); default all
@@ -258,7 +259,7 @@ else
   echo "csv: $CSV, $RAWCSV (no plot: scripts/plot_bench.py needs matplotlib, and the sizes)"
 fi
 
-for tail in "pinned|pinned host memory" "ipc|CUDA IPC" "neighbours|neighbours"; do
+for tail in "pinned|pinned host memory" "ipc|CUDA IPC" "neighbours|neighbours" "held|memory held"; do
   IFS='|' read -r name what <<<"$tail"
   part_wanted "$name" "$name" || continue
   echo

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two processes on one GPU (`make bench` runs it last, from scripts/bench.sh):
+# Two processes on one GPU (`make bench` runs it, from scripts/bench.sh):
 # what a program frees reaches its neighbour, natively and under the shim.
 #
 #   scripts/bench_neighbours.sh path/to/libsomashim.so

@@ -15,6 +15,10 @@
 #   generate/*               scripts/bench_generate.py (GPT-2 generation, a KV cache grown
 #                            token by token): caching, caching-off, caching-off+shim,
 #                            cudaMallocAsync; the tokens must be the same in every run
+#   scoring/*                scripts/bench_scoring.py (GPT-2 scoring 28 batch x length shapes
+#                            twice: logits upcast and softmaxed, blocks of MiB to GiB):
+#                            caching, caching-off, caching-off+shim, cudaMallocAsync; the
+#                            scores' checksum must be the same in every run
 #   cupy/*                   scripts/bench_cupy.py: pool, nopool, nopool+shim
 #   import/*                 scripts/bench_import.py (`import torch` in new processes, time
 #                            per process): plain, plain+shim (the preload's cost there)
@@ -43,8 +47,9 @@
 # Output: progress and the table on stdout; $OUT/programs.jsonl (one JSON line per
 # scenario) and $OUT/programs.log (environment, table, each scenario's stderr) if OUT
 # is set, else build/programs/. A failed scenario is reported and the rest go on;
-# the exit status is 1 if any failed. About 4-6 minutes a round on one H100/H200
-# (the import rows add 12 processes of `import torch`).
+# the exit status is 1 if any failed. About 5-7 minutes a round on one H100/H200
+# (the import rows add 12 processes of `import torch`, the scoring rows 5 runs of about
+# 15 s).
 set -uo pipefail
 [ -n "${1:-}" ] && [ -e "$1" ] && set -- "$(readlink -f "$1")" "${@:2}"
 cd "$(dirname "$0")/.." || exit 2
@@ -132,7 +137,8 @@ AGAIN = " again"
 def table(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
     ms_of = lambda r: None if "error" in r else next(
-        (r[k] for k in ("ms_per_step_median", "ms_per_chain_median", "ms_per_token_median", "ms_per_import_median") if k in r), None)
+        (r[k] for k in ("ms_per_step_median", "ms_per_chain_median", "ms_per_token_median", "ms_per_import_median",
+                        "ms_per_pass_median") if k in r), None)
     mem_of = lambda r: None if "error" in r else r.get("peak_device_used_mib")
     names, runs, base = [], {}, {}
     for r in rows:
@@ -167,6 +173,8 @@ def table(path):
         checks = []
         group_tokens = {x.get("tokens_sha") for n in names if group(n) == group(name)
                         for x in runs[n] if "error" not in x}
+        group_checksums = {x.get("checksum") for n in names if group(n) == group(name)
+                           for x in runs[n] if "error" not in x}
         for r in these:
             if "error" in r:
                 errors.append(f"{name} (round {r.get('round')}): {r['error']}")
@@ -174,13 +182,16 @@ def table(path):
             elif r.get("bench") == "generate":
                 # The same tokens from every allocator, every round.
                 checks.append(r.get("tokens_sha", "")[:8] if len(group_tokens) == 1 else "FAIL tokens")
+            elif r.get("bench") == "scoring":
+                # The same scores from every allocator, every round.
+                checks.append(r.get("checksum", "")[:8] if len(group_checksums) == 1 else "FAIL checksum")
             elif r.get("bench") == "torch":
                 checks.append(fmt(r.get("final_loss"), ".5f"))
             elif r.get("check_ok") is True:
                 checks.append("ok" if r.get("bench") in ("cupy", "import") else f"ok {fmt(r.get('final_loss'), '.4f')}")
             else:
                 checks.append("FAIL")
-        check = next((c for c in checks if c in ("ERROR", "FAIL", "FAIL tokens")), checks[-1])
+        check = next((c for c in checks if c in ("ERROR", "FAIL", "FAIL tokens", "FAIL checksum")), checks[-1])
         host = ratios.median([r.get("host_ms_per_step_median") for r in these if "error" not in r])
         baseline = base[group(name)]
         if name == baseline:
@@ -199,9 +210,10 @@ def table(path):
                  fmt(ratios.median([r.get("peak_reserved_mib") for r in these]), ".0f"), pool, check)
         print("  ".join(c.ljust(x) if i == 0 else c.rjust(x) for i, (c, x) in enumerate(zip(cells, w))))
     print()
-    print("ms: median per training step (transformer, resnet, ddp2: rank 0), per generated token (generate)")
-    print("  or per array chain (cupy), per process that imports torch (import),")
-    print("  after the warm-up, in each run; the table gives the median over the rounds and [min-max].")
+    print("ms: median per training step (transformer, resnet, ddp2: rank 0), per generated token (generate),")
+    print("  per pass over the 28 shapes (scoring), per array chain (cupy) or per process that imports torch (import),")
+    print("  after the warm-up (scoring: both passes), in each run; the table gives the median over the rounds and")
+    print("  [min-max].")
     print("  host ms (torch; ddp2: rank 0): the part of a step until the program's thread had issued it, median; near")
     print("  ms, the step waits for the host (allocation calls count there), not for the GPU.")
     print("x base: against the group's first row (PyTorch's caching allocator, CuPy's pool, import without the")
@@ -216,7 +228,8 @@ def table(path):
     print("shim pool: allocations the shim's pool served / its peak reserved (SOMA_STATS, last round); 0: the shim")
     print("  pooled nothing; '-': no statistics (not a shim run, or a shim without SOMA_STATS).")
     print("loss/check: final training loss (seeded: similar across allocators), the generated tokens' hash")
-    print("  (the same for every allocator, else 'FAIL tokens'), 'ok' = CuPy results")
+    print("  (the same for every allocator, else 'FAIL tokens'), the scores' checksum (the same for every")
+    print("  allocator, else 'FAIL checksum'), 'ok' = CuPy results")
     print("  right / DDP parameters identical on every rank / every import exited 0, stderr empty.")
     if errors:
         print()
@@ -359,6 +372,15 @@ one_round() {
   scenario generate/cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${GEN[@]}" \
     --label generate/cudaMallocAsync
   scenario "generate/caching again" -- "${GEN[@]}" --label "generate/caching again"
+
+  SCORE=("$PY" scripts/bench_scoring.py --passes 2)
+  scenario scoring/caching -- "${SCORE[@]}" --label scoring/caching
+  scenario scoring/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${SCORE[@]}" --label scoring/caching-off
+  shim_scenario scoring/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${SCORE[@]}" \
+    --label scoring/caching-off+shim
+  scenario scoring/cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${SCORE[@]}" \
+    --label scoring/cudaMallocAsync
+  scenario "scoring/caching again" -- "${SCORE[@]}" --label "scoring/caching again"
 
   CUPY=("$PY" scripts/bench_cupy.py --chains "$CUPY_CHAINS" --warmup 5)
   scenario cupy/pool -- "${CUPY[@]}" --mode pool --label cupy/pool

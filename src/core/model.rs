@@ -762,23 +762,45 @@ impl Gpu for SimGpu {
         let (follow, opportunistic) = (p.follow_event_deps, p.opportunistic);
         let waits_for = s.streams.get(&key).and_then(|st| st.last).map(|last| s.ancestors(last)).unwrap_or_default();
         let p = &s.pools[&pool_key];
-        let reusable = p.freed.iter().position(|b| {
-            b.size == size
-                && (b.stream == key
-                    || (opportunistic && s.ops[b.free_op].done)
-                    || (follow && waits_for.contains(&b.free_op)))
-        });
-        let ptr = match reusable {
+        let reusable = |b: &FreedBlock| {
+            b.stream == key || (opportunistic && s.ops[b.free_op].done) || (follow && waits_for.contains(&b.free_op))
+        };
+        let same_size = p.freed.iter().position(|b| b.size == size && reusable(b));
+        // The driver maps freed memory of other sizes anew for a request:
+        // those blocks the rules let it reuse, the oldest first, then fresh
+        // memory for the rest (what is left of the last stays freed).
+        let mut absorbed = Vec::new();
+        let mut covered = 0;
+        if same_size.is_none() {
+            for (index, b) in p.freed.iter().enumerate().filter(|(_, b)| reusable(b)) {
+                if covered >= size {
+                    break;
+                }
+                absorbed.push(index);
+                covered += b.size;
+            }
+        }
+        let ptr = match same_size {
             Some(index) => s.pools.get_mut(&pool_key).expect("found").freed.swap_remove(index).ptr,
             None => {
+                let fresh = size.saturating_sub(covered);
                 let reserved: u64 = s.pools.values().map(|p| p.reserved).sum();
-                if reserved + s.real_bytes + size > s.capacity {
+                if reserved + s.real_bytes + fresh > s.capacity {
                     return Err(OUT_OF_MEMORY);
                 }
                 let ptr = s.next_address;
                 s.next_address += size.next_multiple_of(512);
+                let left = s.next_address;
+                s.next_address += covered.saturating_sub(size).next_multiple_of(512);
                 let p = s.pools.get_mut(&pool_key).expect("found");
-                p.reserved += size;
+                let mut last = None;
+                for index in absorbed.into_iter().rev() {
+                    last = Some(p.freed.remove(index));
+                }
+                if let Some(last) = last.filter(|_| covered > size) {
+                    p.freed.push(FreedBlock { ptr: left, size: covered - size, ..last });
+                }
+                p.reserved += fresh;
                 p.reserved_high = p.reserved_high.max(p.reserved);
                 ptr
             }

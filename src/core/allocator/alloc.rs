@@ -176,9 +176,14 @@ impl Allocator {
     fn make_room_for_large(&self, driver: &impl Gpu, device: &Device, size: u64, in_use: u64) -> Result<Source, AllocFailure> {
         let mut plan = budget::plan(size, &device.holding(driver, in_use));
         let gives_back = plan.give_back_large > 0 || plan.trim_pool;
-        if plan.give_back_large > 0 {
+        // Planned again on what is left, while a round gives back a cached block or more.
+        while plan.give_back_large > 0 {
+            let cached = device.cached_large_bytes();
             device.give_back_cached_large(driver, &self.map, plan.give_back_large);
             self.release_segments(driver, device);
+            if device.cached_large_bytes() >= cached {
+                break;
+            }
             plan = budget::plan(size, &device.holding(driver, in_use));
         }
         if plan.trim_pool {

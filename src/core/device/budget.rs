@@ -1,17 +1,18 @@
 //! How much memory a device may hold for its program, and where a large
 //! request's memory comes from.
 //!
-//! A pool reuses what it reserves for any size but grows slowly; the real
-//! allocator maps fast but a block it made serves only its own size again
-//! (docs/FACTS.md, "Growth and trim"). So a large request that the pool can
-//! serve from memory it already reserves comes from the pool; one that takes
-//! the program past its recent peak in use is growth, and comes from the real
-//! allocator; one within that peak is steady use of varying sizes, and comes
-//! from the pool, which grows once and serves every size after. Before either
-//! takes new memory, what the device holds (the pools' reservations and the
-//! large blocks, used or not) is brought within 1.2 times the
-//! larger of that peak and the use with the request: cached large blocks go
-//! back with the real free, oldest first, then the pool's unused memory.
+//! A pool serves any size from what it reserves unused (the driver maps its
+//! free memory anew, at no cost) and maps only the rest fresh, slowly; the
+//! real allocator maps fresh memory fast, but a block it made serves only its
+//! own size again (docs/FACTS.md, "Growth and trim"). So a large request comes
+//! from the real allocator only where it is growth, taking the program past
+//! its recent peak in use, and the device holds unused less than half of it
+//! (a fresh process's first blocks, a turn after the device gave back what it
+//! held); every other one comes from the pool. Before either takes fresh
+//! memory, what the device holds (the pools' reservations and the large
+//! blocks, used or not) is brought within 1.2 times the larger of that peak
+//! and the use with the request: cached large blocks go back with the real
+//! free, oldest first, and, before a real allocation, the pool's unused memory.
 
 use super::super::decay::CHECKS;
 
@@ -60,15 +61,22 @@ pub struct Plan {
 
 /// Where a large request of `size` bytes comes from, and what goes back first.
 pub fn plan(size: u64, holding: &Holding) -> Plan {
-    if holding.pool_unused >= size {
-        // Memory already held, reused for this size: nothing new taken.
+    // What the pool would map fresh to serve it.
+    let fresh = size.saturating_sub(holding.pool_unused);
+    if fresh == 0 {
         return Plan { source: Source::Pool, give_back_large: 0, trim_pool: false };
     }
     let with_request = holding.in_use.saturating_add(size);
-    let source = if with_request > holding.peak { Source::RealAllocator } else { Source::Pool };
-    let excess = holding.held.saturating_add(size).saturating_sub(allowed(holding.peak.max(with_request)));
+    let allowed = allowed(holding.peak.max(with_request));
+    let growth = with_request > holding.peak;
+    let unused = holding.pool_unused.saturating_add(holding.cached_large);
+    let (source, taken) = if growth && unused < size / 2 { (Source::RealAllocator, size) } else { (Source::Pool, fresh) };
+    let excess = holding.held.saturating_add(taken).saturating_sub(allowed);
     let give_back_large = excess.min(holding.cached_large);
-    Plan { source, give_back_large, trim_pool: excess > give_back_large && holding.pool_unused > 0 }
+    // The pool's unused memory would serve a pool request: it goes only
+    // before a real allocation.
+    let trim_pool = source == Source::RealAllocator && excess > give_back_large && holding.pool_unused > 0;
+    Plan { source, give_back_large, trim_pool }
 }
 
 /// The program's peak in use over the decay's last `CHECKS` checks.
@@ -108,10 +116,18 @@ mod tests {
     }
 
     #[test]
-    fn growth_past_the_peak_comes_from_the_real_allocator() {
+    fn growth_with_little_held_unused_comes_from_the_real_allocator() {
         // A fresh burst: each request raises the peak, nothing is cached.
-        let holding = Holding { in_use: 3 * GIB, peak: 3 * GIB, held: 3 * GIB, cached_large: 0, pool_unused: 0 };
+        let holding = Holding { in_use: 3 * GIB, peak: 3 * GIB, held: 3 * GIB + 100 * MIB, cached_large: 0, pool_unused: 100 * MIB };
         assert_eq!(plan(GIB, &holding), Plan { source: Source::RealAllocator, give_back_large: 0, trim_pool: false });
+    }
+
+    #[test]
+    fn growth_the_pools_unused_memory_half_covers_extends_the_pool() {
+        // A buffer grown by a quarter: the old one is back in the pool.
+        let holding = Holding { in_use: GIB, peak: 2 * GIB, held: 2 * GIB, cached_large: 0, pool_unused: GIB };
+        let planned = plan(1280 * MIB, &holding);
+        assert_eq!(planned, Plan { source: Source::Pool, give_back_large: 0, trim_pool: false }, "256 MiB fresh: within 1.2 x 2.25 GiB");
     }
 
     #[test]
@@ -122,15 +138,14 @@ mod tests {
         assert_eq!(planned.source, Source::Pool);
         // 1 GiB + 800 MiB held against 1.2 GiB allowed: the cached block goes.
         assert_eq!(planned.give_back_large, GIB + 800 * MIB - allowed(GIB));
-        assert!(!planned.trim_pool);
+        assert!(!planned.trim_pool, "the pool's unused memory would serve it");
     }
 
     #[test]
-    fn past_the_cached_blocks_the_pools_unused_memory_goes_too() {
-        // A growing buffer: 800 MiB unused in the pool, 1.4 GiB asked, peak 1 GiB.
-        let holding = Holding { in_use: 0, peak: GIB, held: 800 * MIB, cached_large: 0, pool_unused: 800 * MIB };
-        let planned = plan(1400 * MIB, &holding);
-        assert_eq!(planned, Plan { source: Source::RealAllocator, give_back_large: 0, trim_pool: true });
+    fn before_a_real_allocation_past_the_budget_the_pools_unused_memory_goes() {
+        // 300 MiB unused in the pool, 2 GiB asked past a peak of 1 GiB, 2 GiB held.
+        let holding = Holding { in_use: GIB, peak: GIB, held: 2 * GIB, cached_large: 0, pool_unused: 300 * MIB };
+        assert_eq!(plan(2 * GIB, &holding), Plan { source: Source::RealAllocator, give_back_large: 0, trim_pool: true });
     }
 
     #[test]

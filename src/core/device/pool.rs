@@ -316,7 +316,7 @@ impl Device {
             in_use,
             peak: self.recent_peak.load(Relaxed).max(self.in_use_high.load(Relaxed)),
             held: self.reserved(driver),
-            cached_large: self.pending.cached_large_bytes(),
+            cached_large: self.cached_large_bytes(),
             pool_unused: bytes(PoolCounter::ReservedNow).saturating_sub(bytes(PoolCounter::UsedNow)),
         }
     }
@@ -433,6 +433,11 @@ impl Device {
     /// Bytes freed and kept in the cache, reusable at once.
     pub fn cached_bytes(&self) -> u64 {
         self.pending.cached_bytes()
+    }
+
+    /// Bytes of large blocks in the cache.
+    pub fn cached_large_bytes(&self) -> u64 {
+        self.pending.cached_large_bytes()
     }
 
     /// Bytes freed and not yet reusable (queued, or ordered and not passed).
