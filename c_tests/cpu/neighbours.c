@@ -54,16 +54,17 @@ struct held {
   double last_free_ms; /* when its last free returned (CLOCK_MONOTONIC, one clock for every process) */
 };
 
-/* Allocates `arg` MiB in 64 MiB blocks (with an "e" after the number, exports
+/* Allocates `arg` MiB in 32 MiB blocks (pool blocks under the shim; with an
+ * "e" after the number, exports
  * the first through CUDA IPC), frees them, synchronizes, says so, and idles
  * until stdin closes. */
 static int holder(const char *arg) {
   char *end = NULL;
   unsigned long mib = strtoul(arg, &end, 10);
   void *blocks[64] = {0};
-  unsigned long n = mib / 64;
+  unsigned long n = mib / 32;
   CHECK_CUDA(cudaFree(NULL));
-  for (unsigned long i = 0; i < n && i < 64; i++) CHECK_CUDA(cudaMalloc(&blocks[i], 64 * MiB));
+  for (unsigned long i = 0; i < n && i < 64; i++) CHECK_CUDA(cudaMalloc(&blocks[i], 32 * MiB));
   if (*end == 'e') {
     cudaIpcMemHandle_t h;
     CHECK_CUDA(cudaIpcGetMemHandle(&h, blocks[0]));
