@@ -55,9 +55,8 @@ struct held {
 };
 
 /* Allocates `arg` MiB in 32 MiB blocks (pool blocks under the shim; with an
- * "e" after the number, exports
- * the first through CUDA IPC), frees them, synchronizes, says so, and idles
- * until stdin closes. */
+ * "e" after the number, exports the first through CUDA IPC), frees them,
+ * synchronizes, says so, and idles until stdin closes. */
 static int holder(const char *arg) {
   char *end = NULL;
   unsigned long mib = strtoul(arg, &end, 10);
