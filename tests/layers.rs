@@ -1,5 +1,5 @@
 //! The crate's import graph, read from its source: imports run one way, down
-//! the layers (front doors -> core -> CUDA access), and no file imports
+//! the layers (front doors -> talking to other processes -> core -> CUDA access), and no file imports
 //! another that imports it back, directly or through others.
 //! `cargo test --test layers -- --nocapture` prints the graph.
 
@@ -32,7 +32,7 @@ fn references(me: &str, source: &str, known: &BTreeSet<String>) -> BTreeSet<Stri
     let mut found = BTreeSet::new();
     let code: String = source.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
     // The crate root names its modules without `crate::`.
-    let root_markers = ["front::", "core::", "cuda::"].map(|m| (m, m.trim_end_matches("::")));
+    let root_markers = ["front::", "peers::", "core::", "cuda::"].map(|m| (m, m.trim_end_matches("::")));
     let markers = [("crate::", ""), ("super::", parent)];
     let markers: Vec<(&str, &str)> =
         if me == "lib" { root_markers.iter().chain(&markers[..1]).copied().collect() } else { markers.to_vec() };
@@ -85,7 +85,7 @@ fn imports_run_down_the_layers_without_a_circle() {
         println!("{module} -> {}", targets.iter().cloned().collect::<Vec<_>>().join(", "));
     }
     // The layers, top to bottom; a module may import its own layer's and those below.
-    let order = ["lib", "front", "core", "cuda"];
+    let order = ["lib", "front", "peers", "core", "cuda"];
     let rank = |m: &str| order.iter().position(|l| *l == layer(m)).expect("a known layer");
     for (module, targets) in &graph {
         for target in targets {
