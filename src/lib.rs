@@ -27,7 +27,8 @@ mod cuda;
 mod front;
 mod peers;
 
-pub use crate::core::config::{Config, VARIABLES};
+pub use crate::core::config::settings::Config;
+pub use crate::core::config::variables::VARIABLES;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 

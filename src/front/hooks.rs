@@ -16,7 +16,7 @@ use super::process::{allocator, arm_process_handlers};
 use crate::core::allocator::alloc::Unserved;
 use crate::core::allocator::free::Freed;
 use crate::core::allocator::state::Allocator;
-use crate::core::config::StatsOutput;
+use crate::core::config::settings::StatsOutput;
 use crate::core::passthrough::Passthrough;
 use crate::core::ptrmap::{Memory, MemoryKind};
 use crate::core::stats::Timing;

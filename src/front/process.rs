@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Once, OnceLock};
 
 use crate::core::allocator::state::Allocator;
-use crate::core::config::Config;
+use crate::core::config::settings::Config;
 use crate::core::reclaimer::ForkPause;
 use crate::cuda::driver;
 use crate::peers::{fork, server};

@@ -35,7 +35,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::core::allocator::state::Allocator;
-use crate::core::config::Config;
+use crate::core::config::settings::Config;
 use crate::core::locks::lock;
 use crate::core::shared_blocks::{IpcHandle, Secret};
 use crate::cuda::driver;

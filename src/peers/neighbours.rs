@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::socket_dir::{remove_stale_socket, socket_dir};
 use super::wire::{connect_at_once, decode_usage, encode_give_back, encode_usage_request, send_all, Reply, REPLY_LEN, REQUEST_LEN};
-use crate::core::config::Config;
+use crate::core::config::settings::Config;
 
 /// The longest an allocation waits for its neighbours' answers.
 pub const ASK_WAIT: Duration = Duration::from_millis(200);

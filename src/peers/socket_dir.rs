@@ -5,7 +5,7 @@
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::path::PathBuf;
 
-use crate::core::config::Config;
+use crate::core::config::settings::Config;
 
 /// The directory of the sockets (`SOMA_SOCKET_DIR`, by default this
 /// user's in /tmp): made with mode 0700, and used only if it is a real
