@@ -1,6 +1,6 @@
 /* The shim's IPC socket, spoken to directly (CPU and GPU tests under the
  * shim): where an exporter listens, a connection to it, a lease taken the way
- * an importer takes one (src/front/ipc_wire.rs), and a flood of such a
+ * an importer takes one (src/peers/wire.rs), and a flood of such a
  * lease's connection. */
 #ifndef SOMASHIM_SHIM_IPC_SOCKET_H
 #define SOMASHIM_SHIM_IPC_SOCKET_H
@@ -16,7 +16,7 @@
 #include <cuda_runtime_api.h>
 #include "check.h"
 
-/* The messages' sizes (REQUEST_LEN, REPLY_LEN in src/front/ipc_wire.rs): a
+/* The messages' sizes (REQUEST_LEN, REPLY_LEN in src/peers/wire.rs): a
  * request is an op and a handle, a reply a status, the pool's id and data. */
 #define SHIM_IPC_REQUEST_LEN (4 + 64)
 #define SHIM_IPC_REPLY_LEN (4 + 8 + 64)
@@ -32,7 +32,7 @@ static inline void shim_socket_dir(char *dir, size_t size) {
 }
 
 /* The exporter's socket, as the shim's handle names it (pid at byte 12,
- * endpoint at 16, little-endian; src/front/ipc_server.rs). */
+ * endpoint at 16, little-endian; src/peers/server.rs). */
 static inline void socket_path_of(const cudaIpcMemHandle_t *h, char *path, size_t size) {
   CHECK(memcmp(h->reserved, "SOMASHIM", 8) == 0); /* a handle of the shim's (src/core/shared_blocks.rs) */
   uint32_t pid;

@@ -100,6 +100,10 @@ build "$BIN/static_runtime" c_tests/cpu/static_runtime.c -ldl
 for l in a b; do
   build "$BIN/liballoc_$l.so" -fPIC -shared c_tests/cpu/allocating_library.c -L"$FAKE" -lcudart
 done
+# As a Python extension module installs (libraries.c's PACKAGE_EXTENSION).
+PACKAGE_EXTENSION=somepkg/sub/alloc.cpython-312-x86_64-linux-gnu.so
+mkdir -p "$BIN/site-packages/$(dirname "$PACKAGE_EXTENSION")"
+build "$BIN/site-packages/$PACKAGE_EXTENSION" -fPIC -shared c_tests/cpu/allocating_library.c -L"$FAKE" -lcudart
 build "$BIN/libnext_a.so" -fPIC -shared c_tests/cpu/dlsym_next_a.c -ldl
 build "$BIN/libnext_b.so" -fPIC -shared c_tests/cpu/dlsym_next_b.c
 build "$BIN/dlsym_next" c_tests/cpu/dlsym_next.c -L"$BIN" -Wl,--no-as-needed -lnext_a -lnext_b \
@@ -472,13 +476,14 @@ compare "stream capture" capture
 compare "static runtime (driver entry points by cuGetProcAddress)" static_runtime
 compare "static runtime, SOMA_DISABLE=1" static_runtime SOMA_DISABLE=1
 
-# Memory by library: the SOMA_STATS rows of the program and of two libraries it loads.
-compare "memory by library: the program and two loaded libraries" libraries LIBS_DIR="$BIN" SOMA_MAX_BYTES=16MiB \
+# Memory by library: the SOMA_STATS rows of the program and of the three objects it
+# loads, the package's extension named by its path in the package tree.
+compare "memory by library: the program and three loaded objects" libraries LIBS_DIR="$BIN" SOMA_MAX_BYTES=16MiB \
   "SOMA_STATS=$RUNS/libraries.stats"
 if wanted "memory by library: the table"; then
   problems=()
   for row in 'libraries +5.0 MiB +6.0 MiB +2 +0' 'liballoc_a.so +6.0 MiB +6.0 MiB +3 +0' \
-    'liballoc_b.so +1.0 MiB +1.0 MiB +1 +1 \(32.0 MiB\)'; do
+    'liballoc_b.so +1.0 MiB +1.0 MiB +1 +1 \(32.0 MiB\)' "$PACKAGE_EXTENSION +3.0 MiB +3.0 MiB +1 +0"; do
     grep -Eq "^  $row\$" "$RUNS/libraries.stats" 2>/dev/null || problems+=("no row '$row' in $RUNS/libraries.stats")
   done
   checked "memory by library: the table" "${problems[@]}"
@@ -497,6 +502,7 @@ if wanted "out-of-memory snapshot: what it says"; then
   python3 scripts/check_snapshot.py "$RUNS/oom.json" "$RUNS/oom.pickle" --largest liballoc_a.so >"$RUNS/oom.check" 2>&1 ||
     problems+=("$(cat "$RUNS/oom.check")")
   grep -q 'liballoc_a.so' "$RUNS/oom.summary" || problems+=("the summary does not name liballoc_a.so")
+  grep -qF "\"name\": \"$PACKAGE_EXTENSION\"" "$RUNS/oom.json" || problems+=("the snapshot does not name $PACKAGE_EXTENSION")
   checked "out-of-memory snapshot: what it says" "${problems[@]}"
 fi
 bad_config SOMA_SNAPSHOT snapshot.json # a path needs a /

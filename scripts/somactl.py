@@ -13,7 +13,7 @@
 
 Each process answers on its socket in $SOMA_SOCKET_DIR, by default
 /tmp/somashim-<uid> (the protocol:
-src/front/ipc_wire.rs, ops 3 to 6). A process that does not answer within a
+src/peers/wire.rs, ops 3 to 6). A process that does not answer within a
 second is shown as such. --json: one JSON object per line, per process.
 Exit status: 0; 1 if `trim` found no such process or it did not answer; 2 on
 a usage error.

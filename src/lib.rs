@@ -13,6 +13,8 @@
 //! Layers, imports only downwards:
 //! - `front`: the front doors (what each hooked call does, the `dlsym` and
 //!   `cuGetProcAddress` that hand out the shim's driver entry points);
+//! - `peers`: what talks to other processes (CUDA IPC, the process's server,
+//!   the neighbours, the snapshot, the socket directory);
 //! - `core`: configuration, pointer map, per-device pools and the ordering
 //!   of frees, statistics, trace; no FFI, written against `cuda::gpu::Gpu`;
 //! - `cuda`: the real CUDA libraries (the functions behind the hooks, and the
@@ -23,8 +25,10 @@
 mod core;
 mod cuda;
 mod front;
+mod peers;
 
-pub use crate::core::config::{Config, VARIABLES};
+pub use crate::core::config::settings::Config;
+pub use crate::core::config::variables::VARIABLES;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -429,21 +433,21 @@ driver_entry_points! {
 
     // The runtime's cudaIpcOpenMemHandle and cudaIpcCloseMemHandle reach these
     // (through the entry points handed out below), which keeps its error codes
-    // and last error the real ones: see front/ipc.rs.
+    // and last error the real ones: see peers/import.rs.
 
     pub unsafe extern "C" fn cuIpcOpenMemHandle(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> u32 {
         let real = || unsafe { cu::cuIpcOpenMemHandle(ptr, handle, flags) };
-        guarded(|| unsafe { front::ipc::open_mem_handle(ptr, &handle, flags, real) }, real)
+        guarded(|| unsafe { front::hooks::ipc_open_mem_handle(ptr, &handle, flags, real) }, real)
     }
 
     pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(ptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> u32 {
         let real = || unsafe { cu::cuIpcOpenMemHandle_v2(ptr, handle, flags) };
-        guarded(|| unsafe { front::ipc::open_mem_handle(ptr, &handle, flags, real) }, real)
+        guarded(|| unsafe { front::hooks::ipc_open_mem_handle(ptr, &handle, flags, real) }, real)
     }
 
     pub unsafe extern "C" fn cuIpcCloseMemHandle(ptr: u64) -> u32 {
         let real = || unsafe { cu::cuIpcCloseMemHandle(ptr) };
-        guarded(|| front::ipc::close_mem_handle(ptr, real), real)
+        guarded(|| front::hooks::ipc_close_mem_handle(ptr, real), real)
     }
 
     pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> u32 {

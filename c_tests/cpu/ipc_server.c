@@ -51,7 +51,7 @@
 /* An answer slower than this is a server that waited on another client. */
 #define ANSWER_BOUND_MS 500.0
 /* The most connections the server keeps waiting for their request
- * (MAX_PENDING in src/front/ipc_server.rs). */
+ * (MAX_PENDING in src/peers/server.rs). */
 #define MAX_PENDING 16
 
 /* One line from `fd` (without its newline); 0 at EOF before any byte. */

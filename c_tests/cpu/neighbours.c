@@ -36,7 +36,7 @@
 #define HELD_MIB 768
 #define TAKEN_MIB 700
 /* How long a taker under the shim waits for its neighbours (ASK_WAIT in
- * src/front/neighbours.rs), and the slack a loaded machine needs. */
+ * src/peers/neighbours.rs), and the slack a loaded machine needs. */
 #define ASK_WAIT_MS 200.0
 #define SLACK_MS 800.0
 

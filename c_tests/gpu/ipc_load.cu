@@ -257,7 +257,7 @@ static void silent(const char *self) {
 
 /* ---- flood ---- */
 
-/* Speaks the shim's protocol (src/front/ipc_wire.rs): takes a lease on the
+/* Speaks the shim's protocol (src/peers/wire.rs): takes a lease on the
  * handle it reads, says 'o'; on 'g' floods the connection with FLOOD_BYTES of
  * zeros (no request) and reports how much it sent and whether the exporter
  * ended the lease (the sends then fail). */

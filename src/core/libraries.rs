@@ -6,6 +6,14 @@
 //! allocation (`resolve`: the front door's `dladdr`); after that an
 //! allocation or a free finds the site's library in a lock-free table and
 //! updates its counters.
+//!
+//! An object is named as a user recognises it (`object_name`): a shared
+//! library by its file name (`libc10_cuda.so`, `libcublas.so.13`); any other
+//! object inside a Python package tree, such as an extension module, by its
+//! path there, which begins with its package
+//! (`cupy_backends/cuda/api/runtime.cpython-312-x86_64-linux-gnu.so`, where
+//! the file name alone says nothing); anything else (the program) by its
+//! file name.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -25,6 +33,9 @@ const UNKNOWN: usize = 0;
 const OTHER: usize = LIBRARIES - 1;
 const OTHER_NAME: &str = "(other libraries)";
 const UNRESOLVED: u32 = u32::MAX;
+/// The directories Python installs packages in: an object below one is named
+/// by its path there.
+const PACKAGE_TREES: [&str; 2] = ["/site-packages/", "/dist-packages/"];
 
 /// One library's figures, on a cache line of their own: threads allocating
 /// for different libraries do not contend.
@@ -47,7 +58,7 @@ struct Site {
 /// One library's figures, as reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LibraryFigures {
-    /// The object's file name (its path's last part).
+    /// The object's name (`object_name`).
     pub name: String,
     pub in_use: u64,
     pub peak: u64,
@@ -152,11 +163,13 @@ impl Libraries {
         if figures.is_empty() {
             return;
         }
+        // A column of 28, wider for a longer name (a path in a package tree).
+        let width = figures.iter().map(|f| f.name.len() + 2).max().unwrap_or(0).max(28);
         let _ = writeln!(out, "device memory by library (the object that called the allocation)");
-        let _ = writeln!(out, "  {:<28}{:>12}{:>12}{:>13}  {}", "library", "in use", "peak", "allocations", "passed through");
+        let _ = writeln!(out, "  {:<width$}{:>12}{:>12}{:>13}  {}", "library", "in use", "peak", "allocations", "passed through");
         for f in figures {
             let passed = if f.passed_calls > 0 { format!("{} ({})", f.passed_calls, mib(f.passed_bytes)) } else { "0".into() };
-            let _ = writeln!(out, "  {:<28}{:>12}{:>12}{:>13}  {}", f.name, mib(f.in_use), mib(f.peak), f.allocations, passed);
+            let _ = writeln!(out, "  {:<width$}{:>12}{:>12}{:>13}  {}", f.name, mib(f.in_use), mib(f.peak), f.allocations, passed);
         }
     }
 
@@ -193,10 +206,10 @@ impl Libraries {
         UNKNOWN
     }
 
-    /// The index of the object file `path` (by its base name).
+    /// The index of the object file `path` (by its name, `object_name`).
     fn intern(&self, path: Option<String>) -> usize {
         let Some(path) = path else { return UNKNOWN };
-        let name = path.rsplit('/').next().unwrap_or(&path).to_string();
+        let name = object_name(&path).to_string();
         let mut names = lock(&self.names);
         if let Some(index) = names.iter().position(|known| *known == name) {
             return index;
@@ -207,6 +220,19 @@ impl Libraries {
         names.push(name);
         names.len() - 1
     }
+}
+
+/// The name of the object file at `path`: a shared library's file name
+/// (`lib*`); for another object inside a Python package tree, the shortest
+/// path that names its package: its path below the innermost tree; else its
+/// file name.
+fn object_name(path: &str) -> &str {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    if file.starts_with("lib") {
+        return file;
+    }
+    let below_trees = PACKAGE_TREES.iter().filter_map(|tree| path.rfind(tree).map(|at| &path[at + tree.len()..]));
+    below_trees.min_by_key(|below| below.len()).unwrap_or(file)
 }
 
 /// In MiB, to a tenth: one unit down the column, libraries compared at a glance.
@@ -259,6 +285,39 @@ mod tests {
         let mut table = String::new();
         libraries.report(&mut table);
         assert!(table.lines().nth(2).is_some_and(|row| row.contains("libtorch_cuda.so")), "{table}");
+    }
+
+    #[test]
+    fn objects_in_a_python_package_tree_are_named_by_their_path_there() {
+        let cupy = "/home/u/.venv/lib/python3.12/site-packages/cupy_backends/cuda/api/runtime.cpython-312-x86_64-linux-gnu.so";
+        assert_eq!(object_name(cupy), "cupy_backends/cuda/api/runtime.cpython-312-x86_64-linux-gnu.so");
+        let debian = "/usr/lib/python3/dist-packages/numpy/_core/_multiarray_umath.cpython-312-x86_64-linux-gnu.so";
+        assert_eq!(object_name(debian), "numpy/_core/_multiarray_umath.cpython-312-x86_64-linux-gnu.so");
+        let nested = "/usr/lib/python3/dist-packages/tool/site-packages/pkg/_ext.abi3.so";
+        assert_eq!(object_name(nested), "pkg/_ext.abi3.so", "the innermost tree names the package");
+        let top_level = "/opt/conda/lib/python3.12/site-packages/_cffi_backend.cpython-312-x86_64-linux-gnu.so";
+        assert_eq!(object_name(top_level), "_cffi_backend.cpython-312-x86_64-linux-gnu.so");
+        // Libraries keep their file names, in a package tree or not.
+        assert_eq!(object_name("/x/site-packages/torch/lib/libc10_cuda.so"), "libc10_cuda.so");
+        assert_eq!(object_name("/x/site-packages/nvidia/cublas/lib/libcublas.so.13"), "libcublas.so.13");
+        assert_eq!(object_name("/usr/lib/x86_64-linux-gnu/libcufft.so.12"), "libcufft.so.12");
+        assert_eq!(object_name("/home/user/app"), "app");
+        assert_eq!(object_name("/home/user/site-packages-notes/app"), "app", "a tree is a whole directory name");
+    }
+
+    #[test]
+    fn a_long_name_widens_the_column() {
+        fn in_a_package(_: usize) -> Option<String> {
+            Some("/v/site-packages/somepkg/sub/alloc.cpython-312-x86_64-linux-gnu.so".into())
+        }
+        let libraries = Libraries::new(true, in_a_package);
+        libraries.allocated(0x1010, 3 << 20);
+        let mut table = String::new();
+        libraries.report(&mut table);
+        let row = table.lines().nth(2).unwrap_or_default();
+        assert!(row.starts_with("  somepkg/sub/alloc.cpython-312-x86_64-linux-gnu.so       3.0 MiB"), "{table}");
+        let header = table.lines().nth(1).unwrap_or_default();
+        assert_eq!(header.find("in use").map(|at| at + "in use".len()), row.find("MiB").map(|at| at + "MiB".len()), "{table}");
     }
 
     #[test]

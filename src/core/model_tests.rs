@@ -29,7 +29,7 @@ use proptest::test_runner::RngSeed;
 
 use super::allocator::free::Freed;
 use super::allocator::state::Allocator;
-use super::config::Config;
+use super::config::settings::Config;
 use super::ptrmap::{Memory, MemoryKind};
 use super::model::{CaptureMode, SimGpu, Touch, PER_THREAD};
 use super::streams::NullStream;

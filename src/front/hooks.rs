@@ -16,16 +16,14 @@ use super::process::{allocator, arm_process_handlers};
 use crate::core::allocator::alloc::Unserved;
 use crate::core::allocator::free::Freed;
 use crate::core::allocator::state::Allocator;
-use crate::core::config::StatsOutput;
+use crate::core::config::settings::StatsOutput;
 use crate::core::passthrough::Passthrough;
 use crate::core::ptrmap::{Memory, MemoryKind};
 use crate::core::stats::Timing;
 use crate::cuda::driver::{self, Driver};
 use crate::cuda::gpu::{Context, Gpu, Stream};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
-use super::ipc;
-use super::neighbours;
-use super::snapshot;
+use crate::peers::{export, import, neighbours, server, snapshot};
 use super::driver_door::OUT_OF_MEMORY;
 
 /// `cudaPitchedPtr` and `cudaExtent`, as `cudaMalloc3D` takes them.
@@ -320,7 +318,7 @@ fn neighbours_gave_back(allocator: &Allocator, driver: &Driver, size: u64) -> bo
     if driver.total_memory(ordinal).is_ok_and(|total| size > total) {
         return false;
     }
-    let answers = neighbours::ask_to_give_back(uuid, size);
+    let answers = neighbours::ask_to_give_back(&allocator.config, uuid, size);
     log::debug!("device {ordinal}: out of memory for {size} bytes; neighbours: {answers:?}");
     if answers.asked > 0 {
         let counters = allocator.stats.device(ordinal);
@@ -599,7 +597,7 @@ pub fn device_reset(device: Option<i32>, real: impl FnOnce() -> u32) -> u32 {
     // order) may touch the device until its pools are forgotten and its context is new.
     let _paused = allocator.reclaimer.pause();
     if let (Some(driver), Some(device)) = (driver::loaded(), device) {
-        super::ipc_server::between_steps(|| allocator.device_resetting(driver, device));
+        server::between_steps(|| allocator.device_resetting(driver, device));
     }
     real()
 }
@@ -640,9 +638,21 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize, real: impl FnOnc
     rc
 }
 
-/// `cudaIpcGetMemHandle`/`cuIpcGetMemHandle` (see `ipc`).
+/// `cudaIpcGetMemHandle`/`cuIpcGetMemHandle` (see `peers::export`).
 /// SAFETY: `out` is null or writable, as the C contract requires.
 pub unsafe fn ipc_get_mem_handle(out: *mut IpcMemHandle, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     // SAFETY: as this function's contract.
-    unsafe { ipc::get_mem_handle(allocator(), out, ptr, real) }
+    unsafe { export::get_mem_handle(allocator(), out, ptr, real) }
+}
+
+/// `cuIpcOpenMemHandle` (see `peers::import`).
+/// SAFETY: `out` is null or writable, as the C contract requires.
+pub unsafe fn ipc_open_mem_handle(out: *mut u64, handle: &IpcMemHandle, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+    // SAFETY: as this function's contract.
+    unsafe { import::open_mem_handle(allocator, out, handle, flags, real) }
+}
+
+/// `cuIpcCloseMemHandle` (see `peers::import`).
+pub fn ipc_close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
+    import::close_mem_handle(ptr, real)
 }

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Once, OnceLock};
 
-use super::{ipc, ipc_server};
 use crate::core::allocator::state::Allocator;
-use crate::core::config::Config;
+use crate::core::config::settings::Config;
 use crate::core::reclaimer::ForkPause;
 use crate::cuda::driver;
+use crate::peers::{fork, server};
 
 static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
 
@@ -98,7 +98,7 @@ fn join_neighbours() {
         allocator.reclaimer.wake();
     }
     if allocator.config.neighbours {
-        ipc_server::server_endpoint(allocator);
+        server::server_endpoint(allocator);
     }
 }
 
@@ -107,7 +107,7 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let allocator = allocator();
         allocator.reclaimer.stop();
-        ipc_server::stop_server();
+        server::stop_server();
         if allocator.reporting() {
             allocator.report(driver::loaded());
         }
@@ -116,15 +116,15 @@ extern "C" fn at_exit() {
 
 thread_local! {
     /// The reclaimer's and the IPC server's locks, held by the forking thread across `fork`.
-    static FORK_PAUSE: std::cell::RefCell<Option<(ForkPause<'static>, ipc::ForkPause)>> = const { std::cell::RefCell::new(None) };
+    static FORK_PAUSE: std::cell::RefCell<Option<(ForkPause<'static>, fork::ForkPause)>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Before `fork`: no step of the shim's thread under way, and none of its
 /// locks held, so that the child inherits no lock held by a thread it will
 /// not have.
 extern "C" fn before_fork() {
-    // The importer's lock first (see `ipc::before_fork`).
-    let imports = ipc::before_fork();
+    // The importer's lock first (see `fork::before_fork`).
+    let imports = fork::before_fork();
     let pause = (allocator().reclaimer.before_fork(), imports.and_server());
     let _ = FORK_PAUSE.try_with(|slot| *slot.borrow_mut() = Some(pause));
 }

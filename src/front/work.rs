@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 use cudarc::driver::sys::{CUlaunchConfig, CUDA_LAUNCH_PARAMS};
 
 use crate::core::allocator::state::Allocator;
-use crate::core::config::Config;
+use crate::core::config::settings::Config;
 use crate::cuda::driver;
 use crate::cuda::gpu::Stream;
 

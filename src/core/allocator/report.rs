@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::atomic::Ordering;
 
 use super::state::Allocator;
-use crate::core::config::{MemInfo, StatsOutput};
+use crate::core::config::settings::{MemInfo, StatsOutput};
 use crate::core::device::pool::Device;
 use crate::core::output;
 use crate::core::ptrmap::Block;

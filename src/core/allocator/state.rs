@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex};
 
-use crate::core::config::Config;
+use crate::core::config::settings::Config;
 use crate::core::device::pool::Device;
 use crate::core::events::Events;
 use crate::core::libraries::Libraries;

@@ -57,7 +57,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use super::pool::Device;
-use crate::core::config::{FreeOrder, LegacyCache};
+use crate::core::config::settings::{FreeOrder, LegacyCache};
 use crate::core::locks::{lock, thread_number};
 use crate::core::pending::{Keep, Reclaiming};
 use crate::core::ptrmap::PointerMap;

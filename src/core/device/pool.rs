@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::core::config::{Config, FreeOrder, LegacyCache, PoolChoice};
 use super::budget::{Holding, PeakWindow, Source};
+use crate::core::config::settings::{Config, FreeOrder, LegacyCache, PoolChoice};
 use crate::core::decay::Window;
 use crate::core::locks::{lock, Padded};
 use crate::core::pending::{Keep, PendingFrees};

@@ -12,7 +12,7 @@ use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::neighbours;
-use super::sockets::socket_dir;
+use super::socket_dir::socket_dir;
 use crate::core::allocator::state::Allocator;
 use crate::core::output;
 use crate::cuda::driver;
@@ -45,7 +45,7 @@ pub fn on_request(allocator: &Allocator) -> bool {
     let Some(driver) = driver::loaded() else { return false };
     let first = (0..).map_while(|index| allocator.usage(driver, index)).find(|usage| !usage.host);
     let Some(context) = first.and_then(|usage| allocator.device_context(usage.ordinal)) else { return false };
-    let Ok(dir) = socket_dir() else { return false };
+    let Ok(dir) = socket_dir(&allocator.config) else { return false };
     let path = dir.join(format!("{}.snapshot.json", std::process::id()));
     let Ok(text) = driver.with_context(context, || snapshot(allocator, None)) else { return false };
     match write(&path.to_string_lossy(), &text) {
@@ -134,7 +134,7 @@ fn snapshot(allocator: &Allocator, requested: Option<u64>) -> String {
         .collect();
     list(&mut out, "blocks", &blocks);
 
-    let others: Vec<String> = if allocator.config.neighbours { neighbours::usage_on(uuid) } else { Vec::new() }
+    let others: Vec<String> = if allocator.config.neighbours { neighbours::usage_on(&allocator.config, uuid) } else { Vec::new() }
         .iter()
         .map(|(pid, [in_use, cached, freed, reserved, ..])| {
             format!(

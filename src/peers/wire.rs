@@ -23,7 +23,7 @@
 //!   libraries that allocated device memory, in the order the process first
 //!   saw them (a list that only grows); the
 //!   reply, refused past the last, has the bytes in use (u64), then the peak
-//!   and the allocations (two u64s) and the library's file name (48 bytes,
+//!   and the allocations (two u64s) and the library's name (`core/libraries.rs`; 48 bytes,
 //!   NUL-padded, cut to fit) (`encode_library`);
 //! - op 6, a snapshot: the process writes its snapshot now (`snapshot.rs`)
 //!   to `<pid>.snapshot.json` in the socket directory; the status says

@@ -1,19 +1,19 @@
 //! The directory of the shim's sockets (`SOMA_SOCKET_DIR`): each process's
-//! server listens there (`ipc_server.rs`), and the files in it are the list
+//! server listens there (`server.rs`), and the files in it are the list
 //! of the user's shim processes (`neighbours.rs`, `somarun --ps`).
 
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::path::PathBuf;
 
-use super::process::allocator;
+use crate::core::config::settings::Config;
 
 /// The directory of the sockets (`SOMA_SOCKET_DIR`, by default this
 /// user's in /tmp): made with mode 0700, and used only if it is a real
 /// directory this user owns that no one else may enter.
-pub(super) fn socket_dir() -> Result<PathBuf, String> {
+pub(super) fn socket_dir(config: &Config) -> Result<PathBuf, String> {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
-    let dir = match &allocator().config.socket_dir {
+    let dir = match &config.socket_dir {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(format!("/tmp/somashim-{uid}")),
     };

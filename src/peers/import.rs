@@ -1,15 +1,16 @@
-//! CUDA IPC on pool memory, between two processes under the shim.
+//! CUDA IPC on pool memory, between two processes under the shim: the
+//! importer's side, and the whole exchange.
 //!
-//! Export (`cuIpcGetMemHandle`, `cudaIpcGetMemHandle`): for a pool block the
-//! handle is the shim's (`core::shared_blocks::IpcHandle`): the exporter's pid and
-//! endpoint, the block's base address and a secret; never the pool's file
-//! descriptor. The first export starts this process's IPC server
-//! (front/ipc_server.rs): one thread listening on a Unix socket in a
-//! directory only this user can enter.
+//! Export (`cuIpcGetMemHandle`, `cudaIpcGetMemHandle`; export.rs): for a pool
+//! block the handle is the shim's (`core::shared_blocks::IpcHandle`): the
+//! exporter's pid and endpoint, the block's base address and a secret; never
+//! the pool's file descriptor. The first export starts this process's server
+//! (server.rs): one thread listening on a Unix socket in a directory only
+//! this user can enter.
 //!
 //! Import (`cuIpcOpenMemHandle`): the importer holds one connection (a
 //! link) per exporter and device of its own, whatever the number of handles
-//! (front/ipc_wire.rs has the messages). Over it, it presents the handle;
+//! (wire.rs has the messages). Over it, it presents the handle;
 //! the server (which checked the peer's user at the accept) checks the
 //! secret, takes a lease on the block and answers with the block's export
 //! data, and with the pool's shareable file descriptor (`SCM_RIGHTS`) the
@@ -34,15 +35,16 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::core::allocator::state::Allocator;
-use crate::core::shared_blocks::{IpcHandle, Secret};
+use crate::core::config::settings::Config;
 use crate::core::locks::lock;
+use crate::core::shared_blocks::{IpcHandle, Secret};
 use crate::cuda::driver;
 use crate::cuda::gpu::{Gpu, Pool};
 use crate::cuda::real::{IpcMemHandle, SUCCESS};
 
-use super::ipc_server::{random_secret, server_endpoint, Served, Server, SERVED, SERVER, SERVING_ENDPOINT, SERVING_PID};
-use super::sockets::{remove_stale_socket, socket_dir, socket_path};
-use super::ipc_wire::{connect, encode_request, receive_with_fd, send_all_by, Op, Reply, REPLY_LEN};
+use super::server::{SERVING_ENDPOINT, SERVING_PID};
+use super::socket_dir::{remove_stale_socket, socket_dir, socket_path};
+use super::wire::{connect, encode_request, receive_with_fd, send_all_by, Op, Reply, REPLY_LEN};
 
 /// `CUDA_ERROR_INVALID_CONTEXT`: the real open of a handle in the process
 /// that exported it (measured, docs/FACTS.md "CUDA IPC").
@@ -54,47 +56,6 @@ const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 /// How long the importer waits for the exporter's answer (which includes
 /// the exporter's driver calls), the connect included for a new link.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
-
-// ---- export -------------------------------------------------------------------
-
-/// `cuIpcGetMemHandle`/`cudaIpcGetMemHandle`: the shim's handle for a pool
-/// block (the allocation holding `ptr`, as the real handle names), else the
-/// real call's answer.
-/// SAFETY: `out` is null or 64 writable bytes, as the C contract requires.
-pub unsafe fn get_mem_handle(allocator: &'static Allocator, out: *mut IpcMemHandle, ptr: u64, real: impl FnOnce() -> u32) -> u32 {
-    if out.is_null() {
-        return real();
-    }
-    match export(allocator, ptr) {
-        Some(handle) => {
-            // SAFETY: `out` is non-null and writable.
-            unsafe { *out = IpcMemHandle(handle.encode()) };
-            SUCCESS
-        }
-        None => real(),
-    }
-}
-
-fn export(allocator: &'static Allocator, ptr: u64) -> Option<IpcHandle> {
-    let driver = driver::loaded()?;
-    let base = match allocator.live_block(ptr) {
-        Some(_) => ptr,
-        None => driver.allocation_base(ptr).ok()?,
-    };
-    // Pinned host memory from the host pool is not exportable (nor is the real allocator's).
-    let block = allocator.live_block(base).filter(|block| !block.memory.is_host())?;
-    // The real allocator's block, or a pool other processes cannot import:
-    // the real call answers.
-    if allocator.export_segment(driver, block.device, base) {
-        return None;
-    }
-    allocator.shareable_pool(block.device, block.size)?;
-    let endpoint = server_endpoint(allocator)?;
-    let (secret, _) = allocator.export(driver, base, random_secret)?;
-    Some(IpcHandle { pid: std::process::id(), endpoint, base, secret })
-}
-
-// ---- import -------------------------------------------------------------------
 
 /// One block this process imported, opened `opens` times.
 struct Imported {
@@ -146,9 +107,17 @@ static IMPORTS: Mutex<Option<Imports>> = Mutex::new(None);
 static IMPORTED_ANY: AtomicBool = AtomicBool::new(false);
 
 /// `cuIpcOpenMemHandle`: a shim handle is opened here; anything else, and a
-/// shim handle that opens nothing, the real call answers.
+/// shim handle that opens nothing, the real call answers. `allocator` gives
+/// the process's, made on first use: only a new link needs it (the socket
+/// directory), so an open that is not the shim's makes none.
 /// SAFETY: `out` is null or writable, as the C contract requires.
-pub unsafe fn open_mem_handle(out: *mut u64, handle: &IpcMemHandle, flags: c_uint, real: impl FnOnce() -> u32) -> u32 {
+pub unsafe fn open_mem_handle(
+    allocator: fn() -> &'static Allocator,
+    out: *mut u64,
+    handle: &IpcMemHandle,
+    flags: c_uint,
+    real: impl FnOnce() -> u32,
+) -> u32 {
     let Some(handle) = IpcHandle::decode(&handle.0) else { return real() };
     if out.is_null() || flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
         return real(); // refuses the arguments as it refuses them natively
@@ -157,7 +126,7 @@ pub unsafe fn open_mem_handle(out: *mut u64, handle: &IpcMemHandle, flags: c_uin
     if handle.pid == pid && SERVING_PID.load(Ordering::Acquire) == pid && SERVING_ENDPOINT.load(Ordering::Acquire) == handle.endpoint {
         return INVALID_CONTEXT;
     }
-    match import(&handle) {
+    match import(allocator, &handle) {
         Ok(ptr) => {
             // SAFETY: `out` is non-null and writable.
             unsafe { *out = ptr };
@@ -177,7 +146,7 @@ enum Refused {
     Driver(u32),
 }
 
-fn import(handle: &IpcHandle) -> Result<u64, Refused> {
+fn import(allocator: fn() -> &'static Allocator, handle: &IpcHandle) -> Result<u64, Refused> {
     let driver = driver::loaded().ok_or(Refused::Invalid)?;
     let device = driver.current_device().map_err(|e| Refused::Driver(e.0))?;
     let mut imports = lock(&IMPORTS);
@@ -189,12 +158,12 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
     }
     let unanswered = || if exporter_gone(handle.pid) { Refused::ExporterGone } else { Refused::Invalid };
     let deadline = Instant::now() + EXCHANGE_TIMEOUT;
-    let id = match imports.link((handle.pid, handle.endpoint, device), deadline) {
+    let id = match imports.link((handle.pid, handle.endpoint, device), deadline, allocator) {
         Ok(id) => id,
         // A listener closes only with its exporter (a forked child closes its copy): the
         // file is a dead exporter's, whose pid may be another process's by now.
         Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
-            remove_exporters_socket(handle);
+            remove_exporters_socket(&allocator().config, handle);
             return Err(Refused::ExporterGone);
         }
         Err(_) => return Err(unanswered()),
@@ -207,7 +176,7 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
         if matches!(refused, Refused::ExporterGone) {
             // Killed as it was asked: a zombie's last threads may still have
             // held the listener at the connect. The file is a dead exporter's.
-            remove_exporters_socket(handle);
+            remove_exporters_socket(&allocator().config, handle);
         }
         return Err(refused);
     };
@@ -243,11 +212,11 @@ fn import(handle: &IpcHandle) -> Result<u64, Refused> {
 
 impl Imports {
     /// The link to the exporter for the device, connected if there is none.
-    fn link(&mut self, key: LinkKey, deadline: Instant) -> std::io::Result<u64> {
+    fn link(&mut self, key: LinkKey, deadline: Instant, allocator: fn() -> &'static Allocator) -> std::io::Result<u64> {
         if let Some(&id) = self.current.get(&key) {
             return Ok(id);
         }
-        let dir = socket_dir().map_err(std::io::Error::other)?;
+        let dir = socket_dir(&allocator().config).map_err(std::io::Error::other)?;
         let connection = connect(&socket_path(&dir, key.0, key.1), deadline)?;
         let id = self.next_link;
         self.next_link += 1;
@@ -300,8 +269,8 @@ impl Link {
 }
 
 /// Removes the socket file of the handle's exporter, which is gone.
-fn remove_exporters_socket(handle: &IpcHandle) {
-    if let Ok(dir) = socket_dir() {
+fn remove_exporters_socket(config: &Config, handle: &IpcHandle) {
+    if let Ok(dir) = socket_dir(config) {
         remove_stale_socket(&socket_path(&dir, handle.pid, handle.endpoint));
     }
 }
@@ -351,43 +320,19 @@ pub fn close_mem_handle(ptr: u64, real: impl FnOnce() -> u32) -> u32 {
     SUCCESS
 }
 
-/// The IPC locks, held by the forking thread across `fork`.
-pub struct ForkPause {
-    _server: MutexGuard<'static, Option<Server>>,
-    served: MutexGuard<'static, Option<Served>>,
-    imports: MutexGuard<'static, Option<Imports>>,
+/// The importer's lock, held by a forking thread across `fork` (fork.rs): no
+/// exchange of an import or close in progress.
+pub(super) struct Held(MutexGuard<'static, Option<Imports>>);
+
+pub(super) fn hold() -> Held {
+    Held(lock(&IMPORTS))
 }
 
-/// The importer's lock, the first a fork takes.
-pub struct ImportsPause(MutexGuard<'static, Option<Imports>>);
-
-/// Before `fork`, first: no exchange of an import or close in progress (one
-/// holds `IMPORTS` across it, seconds at worst), so the child inherits no
-/// link in the middle of an exchange. Taken before any other of the shim's
-/// locks, so that while the fork waits here it holds none that the server
-/// thread, the reclaimer or a free needs.
-pub fn before_fork() -> ImportsPause {
-    ImportsPause(lock(&IMPORTS))
-}
-
-impl ImportsPause {
-    /// Then, after the reclaimer's: no server starting and no server step
-    /// under way, so the child inherits no IPC lock held by a thread it will
-    /// not have.
-    pub fn and_server(self) -> ForkPause {
-        ForkPause { _server: lock(&SERVER), served: lock(&SERVED), imports: self.0 }
-    }
-}
-
-impl ForkPause {
-    /// In a forked child: the parent's server is not the child's to run. Its
-    /// sockets close (the child would hold the listener, which no one serves,
-    /// past the exporter's death), its pool descriptors too, and so do the
-    /// parent's links as importer (a copy of one would keep the exporter's
-    /// blocks held).
-    pub fn in_child(mut self) {
-        *self.served = None;
-        *self.imports = None;
+impl Held {
+    /// In a forked child: the parent's links close (a copy of one would keep
+    /// the exporter's blocks held).
+    pub(super) fn in_child(mut self) {
+        *self.0 = None;
         IMPORTED_ANY.store(false, Ordering::Release);
     }
 }

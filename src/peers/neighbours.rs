@@ -1,7 +1,7 @@
 //! The other shim processes of this user on the node: asked, when an
 //! allocation finds the device out of memory, to give back what their pools
 //! hold unused, before the allocation fails. No daemon: each process's IPC
-//! server (`ipc_server.rs`), started with its first pool, answers; the
+//! server (`server.rs`), started with its first pool, answers; the
 //! sockets in the user's directory are the list of processes.
 //!
 //! Every peer is asked at once, and the answers are waited for until they
@@ -16,8 +16,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::sockets::{remove_stale_socket, socket_dir};
-use super::ipc_wire::{connect_at_once, decode_usage, encode_give_back, encode_usage_request, send_all, Reply, REPLY_LEN, REQUEST_LEN};
+use super::socket_dir::{remove_stale_socket, socket_dir};
+use super::wire::{connect_at_once, decode_usage, encode_give_back, encode_usage_request, send_all, Reply, REPLY_LEN, REQUEST_LEN};
+use crate::core::config::settings::Config;
 
 /// The longest an allocation waits for its neighbours' answers.
 pub const ASK_WAIT: Duration = Duration::from_millis(200);
@@ -34,11 +35,11 @@ pub struct Answers {
 /// Asks every other shim process of this user to give back what the pools
 /// of the device `uuid` hold unused, and waits for their answers until they
 /// gave `wanted` bytes or all answered (`ASK_WAIT` at most).
-pub fn ask_to_give_back(uuid: [u8; 16], wanted: u64) -> Answers {
+pub fn ask_to_give_back(config: &Config, uuid: [u8; 16], wanted: u64) -> Answers {
     let deadline = Instant::now() + ASK_WAIT;
     let request = encode_give_back(Some(uuid));
     let mut waiting: Vec<(UnixStream, [u8; REPLY_LEN], usize)> = Vec::new();
-    for (pid, path) in peers() {
+    for (pid, path) in peers(config) {
         // A request fits an empty socket buffer: the send does not wait.
         if let Some(connection) = connect_to(pid, &path) {
             if send_all(&connection, &request).is_ok() {
@@ -92,10 +93,10 @@ pub fn ask_to_give_back(uuid: [u8; 16], wanted: u64) -> Answers {
 /// its pid and its pool's figures (`PoolUsage::figures`). All of them are
 /// asked within `ASK_WAIT`, one request at a time; one that does not answer
 /// by then is left out, and a dead one's socket is removed.
-pub fn usage_on(uuid: [u8; 16]) -> Vec<(u32, [u64; 6])> {
+pub fn usage_on(config: &Config, uuid: [u8; 16]) -> Vec<(u32, [u64; 6])> {
     let deadline = Instant::now() + ASK_WAIT;
     let mut found = Vec::new();
-    for (pid, path) in peers() {
+    for (pid, path) in peers(config) {
         // The device pools come first, a pinned host pool after them: at most one a device.
         for index in 0..64 {
             let Some(reply) = ask_once(pid, &path, &encode_usage_request(index), deadline) else { break };
@@ -143,8 +144,8 @@ fn connect_to(pid: u32, path: &Path) -> Option<UnixStream> {
 }
 
 /// The other processes' sockets in this user's directory, by pid.
-fn peers() -> Vec<(u32, PathBuf)> {
-    let Ok(dir) = socket_dir() else { return Vec::new() };
+fn peers(config: &Config) -> Vec<(u32, PathBuf)> {
+    let Ok(dir) = socket_dir(config) else { return Vec::new() };
     let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
     let me = std::process::id();
     entries

@@ -1,10 +1,11 @@
-//! The exporter's side of CUDA IPC on pool memory (front/ipc.rs has the
-//! whole exchange, front/ipc_wire.rs the messages): one thread per process
-//! serving leases on its Unix socket, many over each importer's one
-//! connection. No client can stall it: its sockets are non-blocking, a
-//! request has one deadline (from the accept for a connection's first, from
-//! its first byte for later ones), few connections without a lease may wait,
-//! no lock is held across a wait on a client, and exit does not wait for one.
+//! The process's server: one thread on a Unix socket, serving the exporter's
+//! side of CUDA IPC on pool memory (import.rs has the whole exchange, wire.rs
+//! the messages), leases, many over each importer's one connection, and the
+//! asks of the user's other shim processes (neighbours.rs, `somarun`). No
+//! client can stall it: its sockets are non-blocking, a request has one
+//! deadline (from the accept for a connection's first, from its first byte
+//! for later ones), few connections without a lease may wait, no lock is
+//! held across a wait on a client, and exit does not wait for one.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Read;
@@ -12,13 +13,13 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::ipc_wire::{decode_request, encode_library, encode_usage, send_all, send_with_fd, Op, Reply, Request, REQUEST_LEN};
 use super::snapshot;
-use super::sockets::{socket_dir, socket_path};
+use super::socket_dir::{socket_dir, socket_path};
+use super::wire::{decode_request, encode_library, encode_usage, send_all, send_with_fd, Op, Reply, Request, REQUEST_LEN};
 use crate::core::allocator::state::Allocator;
 use crate::core::ptrmap::Block;
 use crate::core::shared_blocks::{IpcHandle, Secret};
@@ -58,7 +59,7 @@ pub(super) fn random_secret() -> Option<Secret> {
     Some(secret)
 }
 
-pub(super) struct Server {
+struct Server {
     pid: u32,
     endpoint: u64,
     path: PathBuf,
@@ -70,7 +71,7 @@ pub(super) struct Server {
 
 /// This process's IPC server. A forked child finds its parent's here (with
 /// the parent's pid) and starts its own on its first export.
-pub(super) static SERVER: Mutex<Option<Server>> = Mutex::new(None);
+static SERVER: Mutex<Option<Server>> = Mutex::new(None);
 
 /// The pid and endpoint of the running server, for the open that must
 /// refuse this process's own handles without waiting for an export that
@@ -87,7 +88,7 @@ static FAILED_PID: AtomicU32 = AtomicU32::new(0);
 static STOPPED: AtomicBool = AtomicBool::new(false);
 
 /// The endpoint of this process's server, started on first use.
-pub(super) fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
+pub fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
     let mut server = lock(&SERVER);
     if STOPPED.load(Ordering::SeqCst) {
         return None;
@@ -126,7 +127,7 @@ pub(super) fn server_endpoint(allocator: &'static Allocator) -> Option<u64> {
 /// is made close-on-exec as it is made (std's sockets, `accept4`), so that
 /// no child the program starts meanwhile inherits one.
 fn start_server(allocator: &'static Allocator, pid: u32) -> Result<Server, String> {
-    let dir = socket_dir()?;
+    let dir = socket_dir(&allocator.config)?;
     let random = random_secret().ok_or("no random bytes from the kernel")?;
     let endpoint = u64::from_le_bytes(random[..8].try_into().unwrap_or_default());
     let path = socket_path(&dir, pid, endpoint);
@@ -223,7 +224,7 @@ impl Client {
 /// that a forked child closes its copies: the listener above all, which
 /// would let importers of a dead exporter's handles connect to a child that
 /// never answers.
-pub(super) struct Served {
+struct Served {
     pid: u32,
     endpoint: u64,
     listener: UnixListener,
@@ -245,7 +246,27 @@ pub(super) struct Served {
 /// a step takes (shared blocks, pointer map, deferred frees). Every socket
 /// of the server is non-blocking: a step waits on no client, so neither
 /// does a fork (at most on a step's driver calls).
-pub(super) static SERVED: Mutex<Option<Served>> = Mutex::new(None);
+static SERVED: Mutex<Option<Served>> = Mutex::new(None);
+
+/// The server's locks, held by a forking thread across `fork` (fork.rs):
+/// no server starting and no step under way.
+pub(super) struct Held {
+    _server: MutexGuard<'static, Option<Server>>,
+    served: MutexGuard<'static, Option<Served>>,
+}
+
+pub(super) fn hold() -> Held {
+    Held { _server: lock(&SERVER), served: lock(&SERVED) }
+}
+
+impl Held {
+    /// In a forked child: the parent's server is not the child's to run. Its
+    /// sockets close (the child would hold the listener, which no one serves,
+    /// past the exporter's death), and its pool descriptors too.
+    pub(super) fn in_child(mut self) {
+        *self.served = None;
+    }
+}
 
 /// Runs `forget` (a device reset's forgetting of the device's pools) with
 /// no server step under way, so that no step exports from a pool being
