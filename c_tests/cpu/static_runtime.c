@@ -7,7 +7,8 @@
  * common.h: it links nothing of CUDA, and reaches the double's observation
  * functions with dlsym too). Under the shim, the cuMemAlloc it gets must be
  * served by the pool and cuMemFree must give the block back; natively both
- * are plain. Return codes are compared with the native run. */
+ * are plain, and with SOMA_DISABLE=1 they are the driver's own functions, as
+ * every other. Return codes are compared with the native run. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
@@ -18,6 +19,12 @@
 #include "fakecuda.h"
 
 #define MiB ((size_t)1 << 20)
+
+/* Whether `fn` is code of the shim's library (else the driver's). */
+static int in_shim(void *fn) {
+  Dl_info info;
+  return dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libsomashim") != NULL;
+}
 
 typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 static gpa_t gpa;
@@ -86,6 +93,10 @@ int main(void) {
   p_free = (CUresult(*)(CUdeviceptr))proc("cuMemFree", 3020);
   p_sync = (CUresult(*)(void))proc("cuCtxSynchronize", 2000);
   if (check_failures || !p_snapshot || !p_ptr_info) return report();
+  /* The shim hands out its own allocation entry points, and only when enabled. */
+  CHECK(in_shim((void *)p_alloc) == shim);
+  CHECK(in_shim((void *)p_free) == shim);
+  CHECK(in_shim((void *)dlsym(h, "cuMemAlloc_v2")) == shim);
 
   /* what the static runtime does before the first allocation */
   CUcontext ctx = NULL;

@@ -64,11 +64,14 @@ macro_rules! export_dlsym {
 pub(crate) use export_dlsym;
 
 /// The shim's function for `name` in `handle`, or null when the real answer
-/// is not one of the driver functions in `served`.
+/// is not one of the driver functions in `served` (or `SOMA_DISABLE=1`).
 /// SAFETY: `name` is a NUL-terminated string (dlsym's contract).
 pub unsafe fn served_lookup(handle: *mut c_void, name: *const c_char, served: &[&[EntryPoint]]) -> *mut c_void {
     // SAFETY: as the caller promises.
     let name = unsafe { CStr::from_ptr(name) };
+    if super::process::disabled() {
+        return std::ptr::null_mut();
+    }
     let real = real_dlsym(handle, name);
     match driver_door::substitute(real, served) {
         Some(hook) if hook != real => {

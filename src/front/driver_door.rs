@@ -66,7 +66,7 @@ fn serves(served: &[&[EntryPoint]], name: &CStr) -> bool {
 }
 
 /// `cuGetProcAddress` (both versions): the real answer, with the shim's
-/// function in place of one it wraps; `passes_unseen` is given the name
+/// function in place of one it wraps (unless `SOMA_DISABLE=1`); `passes_unseen` is given the name
 /// when the answer is a variant of a wrapped name that the shim does not wrap.
 /// SAFETY: `function` is writable when `real` succeeds, as its contract says.
 pub unsafe fn get_proc_address(
@@ -77,7 +77,7 @@ pub unsafe fn get_proc_address(
     passes_unseen: impl FnOnce(&CStr),
 ) -> u32 {
     let rc = real();
-    if rc == SUCCESS && !function.is_null() {
+    if rc == SUCCESS && !function.is_null() && !super::process::disabled() {
         // SAFETY: success means the driver wrote an entry point to `function`.
         let found = unsafe { *function };
         // SAFETY: `symbol` is the caller's NUL-terminated name.

@@ -46,6 +46,12 @@ pub fn allocator() -> &'static Allocator {
     })
 }
 
+/// `SOMA_DISABLE=1`: every call goes to the real one untouched, and the
+/// driver's entry points are handed out as the driver gives them.
+pub fn disabled() -> bool {
+    allocator().config.disable
+}
+
 /// The process that loaded the shim (`LD_PRELOAD` loads it before `main`).
 static LOADED_IN_PID: AtomicU32 = AtomicU32::new(0);
 

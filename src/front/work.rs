@@ -92,13 +92,13 @@ pub fn stream(handle: usize) -> Stream {
 }
 
 /// Whether work on streams is tracked: asked for
-/// (`SOMA_TRACK_WORK`), and the driver is no newer than the CUDA whose entry
+/// (`SOMA_TRACK_WORK`, and not `SOMA_DISABLE=1`), and the driver is no newer than the CUDA whose entry
 /// points the shim wraps (a newer one may issue work through one the shim
 /// does not know). Decided once, before the first stream is registered.
 pub fn tracked(config: &Config) -> bool {
     static TRACKED: OnceLock<bool> = OnceLock::new();
     *TRACKED.get_or_init(|| {
-        if !config.track_work {
+        if !config.track_work || config.disable {
             return false;
         }
         match driver::loaded().map(|driver| driver.version()) {

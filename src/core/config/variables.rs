@@ -111,7 +111,7 @@ pub static VARIABLES: &[Variable] = &[
         name: "SOMA_DISABLE",
         kind: Kind::Flag,
         default: "0",
-        doc: "1: every call goes to the real runtime untouched.",
+        doc: "1: every call goes to the real runtime untouched, and dlsym and cuGetProcAddress hand out the driver's own entry points (no work is tracked).",
         store: store!(disable, Flag),
     },
     Variable {
