@@ -3,7 +3,8 @@
  * pipes whose other ends the parent keeps (close-on-exec: a child holding a
  * pipe's other end would never see EOF); `finish_child` closes them and gives
  * the exit status (or 128 + the signal that ended it); `read_all` and
- * `write_all` move whole buffers over them; `fd_count` and `can_open_a_file`
+ * `write_all` move whole buffers over them, `put_int` and `get_int` one int
+ * (-1 once the other end closed); `fd_count` and `can_open_a_file`
  * tell how a process stands with its descriptors. */
 #ifndef SOMASHIM_CHILD_H
 #define SOMASHIM_CHILD_H
@@ -68,6 +69,19 @@ static inline void write_all(int fd, const void *bytes, size_t size) {
     if (n <= 0) return;
     put += (size_t)n;
   }
+}
+
+static inline void put_int(int fd, int v) {
+  while (write(fd, &v, sizeof v) < 0 && errno == EINTR) {
+  }
+}
+
+static inline int get_int(int fd) {
+  int v = -1;
+  ssize_t n;
+  while ((n = read(fd, &v, sizeof v)) < 0 && errno == EINTR) {
+  }
+  return n == sizeof v ? v : -1;
 }
 
 /* The descriptors this process has open. */

@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 
-from bench_torch import MIB, allocator_from_env, device_probes, loaded_cudart, log, run_and_report, shim_preloaded
+from bench_torch import Probes, allocator_from_env, log, run_and_report, shim_preloaded
 
 
 def parse_args(argv=None):
@@ -118,7 +118,11 @@ class HfGpt2:
         return out[:, ids.shape[1]:]
 
 
-def run(args, result):
+def open_gpt2(args, result, hf_model, fallback):
+    """What a GPT-2 run needs, made alike for generation and scoring: torch
+    with deterministic algorithms, the device and its probes (`Probes`), and
+    the model, transformers' (`hf_model`) where it is installed, else
+    `fallback`, in fp16 on a GPU."""
     # Before cuBLAS starts: its reductions then take the same order in every run.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
@@ -126,35 +130,19 @@ def run(args, result):
     torch.use_deterministic_algorithms(True)
 
     result["torch"] = torch.__version__
-    dev = torch.device(args.device)
-    cuda = dev.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise RuntimeError("torch.cuda.is_available() is False (no GPU, or a CPU-only torch)")
-    if cuda and dev.index is None:  # mem_get_info wants an index
-        dev = torch.device("cuda", torch.cuda.current_device())
-
-    sync, used_or_none = device_probes(torch, dev)
-
-    def used():
-        return used_or_none() or 0
-
-    if cuda:
-        torch.zeros(1, device=dev)
-        sync()
-        result["gpu"] = torch.cuda.get_device_name(dev)
-    baseline = used()
-    peak = [baseline]
-
-    def probe():
-        peak[0] = max(peak[0], used())
-
+    probes = Probes(torch, args.device, result)
     kind = args.model
     if kind == "auto":
         kind = "transformers" if importlib.util.find_spec("transformers") else "decoder"
     result["model"] = kind
     torch.manual_seed(args.seed)
-    dtype = torch.float16 if cuda else torch.float32
-    model = (HfGpt2 if kind == "transformers" else Decoder)(torch, dev, dtype, args.smoke)
+    dtype = torch.float16 if probes.cuda else torch.float32
+    model = (hf_model if kind == "transformers" else fallback)(torch, probes.dev, dtype, args.smoke)
+    return torch, probes, model
+
+
+def run(args, result):
+    torch, probes, model = open_gpt2(args, result, HfGpt2, Decoder)
     rng = random.Random(args.seed)
     lengths = (4, 16) if args.smoke else (32, 512)
     requests = [(rng.choice((1, 2, 4, 8, 16)), rng.randint(*lengths)) for _ in range(args.warmup + args.requests)]
@@ -163,14 +151,14 @@ def run(args, result):
     with torch.inference_mode():
         for i, (batch, prompt) in enumerate(requests):
             gen = torch.Generator().manual_seed(args.seed * 1000 + i)
-            ids = torch.randint(1, model.vocab, (batch, prompt), generator=gen).to(dev)
-            sync()
+            ids = torch.randint(1, model.vocab, (batch, prompt), generator=gen).to(probes.dev)
+            probes.sync()
             t0 = time.perf_counter()
-            out = model.generate(ids, args.new_tokens, probe)
+            out = model.generate(ids, args.new_tokens, probes.probe)
             issued = time.perf_counter()
-            sync()
+            probes.sync()
             dt = (time.perf_counter() - t0) * 1e3
-            probe()
+            probes.probe()
             tokens.update(out.cpu().numpy().tobytes())
             if i >= args.warmup:
                 per_token.append(dt / args.new_tokens)
@@ -182,10 +170,7 @@ def run(args, result):
     result["ms_per_token_max"] = round(max(per_token), 3)
     result["host_ms_per_step_median"] = round(statistics.median(host), 3)
     result["tokens_sha"] = tokens.hexdigest()[:16]
-    result["libcudart"] = loaded_cudart()
-    result["peak_device_used_mib"] = round((peak[0] - baseline) / MIB, 1) if cuda else None
-    if cuda and result["allocator"] != "caching-off":
-        result["peak_reserved_mib"] = round(torch.cuda.max_memory_reserved(dev) / MIB, 1)
+    probes.report(result)
 
 
 def main(argv=None):

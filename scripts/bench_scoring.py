@@ -28,16 +28,14 @@ short sequences, to check the script (with --device cpu, in seconds).
 """
 import argparse
 import hashlib
-import importlib.util
 import itertools
-import os
 import random
 import statistics
 import sys
 import time
 
-from bench_generate import Decoder
-from bench_torch import MIB, allocator_from_env, device_probes, loaded_cudart, log, run_and_report, shim_preloaded
+from bench_generate import Decoder, open_gpt2
+from bench_torch import allocator_from_env, log, run_and_report, shim_preloaded
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 LENGTHS = (128, 256, 512, 1024)
@@ -89,44 +87,9 @@ class HfScorer:
 
 
 def run(args, result):
-    # Before cuBLAS starts: its reductions then take the same order in every run.
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    import torch
-
-    torch.use_deterministic_algorithms(True)
-
-    result["torch"] = torch.__version__
-    dev = torch.device(args.device)
-    cuda = dev.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise RuntimeError("torch.cuda.is_available() is False (no GPU, or a CPU-only torch)")
-    if cuda and dev.index is None:  # mem_get_info wants an index
-        dev = torch.device("cuda", torch.cuda.current_device())
     if args.passes < 1:
         raise RuntimeError("no passes (--passes 0)")
-
-    sync, used_or_none = device_probes(torch, dev)
-
-    def used():
-        return used_or_none() or 0
-
-    if cuda:
-        torch.zeros(1, device=dev)
-        sync()
-        result["gpu"] = torch.cuda.get_device_name(dev)
-    baseline = used()
-    peak = [baseline]
-
-    def probe():
-        peak[0] = max(peak[0], used())
-
-    kind = args.model
-    if kind == "auto":
-        kind = "transformers" if importlib.util.find_spec("transformers") else "decoder"
-    result["model"] = kind
-    torch.manual_seed(args.seed)
-    dtype = torch.float16 if cuda else torch.float32
-    model = (HfScorer if kind == "transformers" else DecoderScorer)(torch, dev, dtype, args.smoke)
+    torch, probes, model = open_gpt2(args, result, HfScorer, DecoderScorer)
     shapes = list(itertools.product(BATCHES, SMOKE_LENGTHS if args.smoke else LENGTHS))
     random.Random(args.seed).shuffle(shapes)
     result["shapes"] = len(shapes)
@@ -134,20 +97,20 @@ def run(args, result):
     with torch.inference_mode():
         for p in range(args.passes):
             checksum = hashlib.sha1()
-            sync()
+            probes.sync()
             t0 = time.perf_counter()
             for i, (batch, length) in enumerate(shapes):
                 gen = torch.Generator().manual_seed(args.seed * 1000 + i)
-                ids = torch.randint(1, model.vocab, (batch, length + 1), generator=gen).to(dev)
+                ids = torch.randint(1, model.vocab, (batch, length + 1), generator=gen).to(probes.dev)
                 logits = model.logits(ids[:, :-1])
-                probe()
+                probes.probe()
                 probs = logits.float().softmax(dim=-1)
-                probe()
+                probes.probe()
                 scores = probs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1).log().sum(dim=-1)
                 checksum.update(scores.cpu().numpy().tobytes())
                 del ids, logits, probs, scores
-                probe()
-            sync()
+                probes.probe()
+            probes.sync()
             pass_ms.append((time.perf_counter() - t0) * 1e3)
             checksums.append(checksum.hexdigest()[:16])
             log(f"pass {p + 1}/{args.passes}: {len(shapes)} shapes, {pass_ms[-1]:.1f} ms")
@@ -156,10 +119,7 @@ def run(args, result):
     result["checksum"] = checksums[0]
     if len(set(checksums)) != 1:
         raise RuntimeError(f"the passes scored differently: checksums {checksums}")
-    result["libcudart"] = loaded_cudart()
-    result["peak_device_used_mib"] = round((peak[0] - baseline) / MIB, 1) if cuda else None
-    if cuda and result["allocator"] != "caching-off":
-        result["peak_reserved_mib"] = round(torch.cuda.max_memory_reserved(dev) / MIB, 1)
+    probes.report(result)
     # The key-value line; run_and_report prints the JSON line after it.
     print(f"scoring_ms {result['ms_per_pass_median']} peak_mib {result['peak_device_used_mib']} "
           f"checksum {result['checksum']}", flush=True)

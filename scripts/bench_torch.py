@@ -98,6 +98,41 @@ def device_probes(torch, dev):
     return sync, used
 
 
+class Probes:
+    """A device opened for a benchmark, its context made: `sync()` waits for
+    it, `used()` is its memory in use (0 on a CPU), `probe()` keeps the most
+    `used()` has read since the start (`baseline`) in `peak`."""
+
+    def __init__(self, torch, name, result):
+        self.torch = torch
+        self.dev = torch.device(name)
+        self.cuda = self.dev.type == "cuda"
+        if self.cuda and not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda.is_available() is False (no GPU, or a CPU-only torch)")
+        if self.cuda and self.dev.index is None:  # mem_get_info wants an index
+            self.dev = torch.device("cuda", torch.cuda.current_device())
+        self.sync, self._used = device_probes(torch, self.dev)
+        if self.cuda:
+            torch.zeros(1, device=self.dev)
+            self.sync()
+            result["gpu"] = torch.cuda.get_device_name(self.dev)
+        self.baseline = self.used()
+        self.peak = self.baseline
+
+    def used(self):
+        return self._used() or 0
+
+    def probe(self):
+        self.peak = max(self.peak, self.used())
+
+    def report(self, result):
+        """The peak in use beyond the start, and what the caching allocator reserved."""
+        result["libcudart"] = loaded_cudart()
+        result["peak_device_used_mib"] = round((self.peak - self.baseline) / MIB, 1) if self.cuda else None
+        if self.cuda and result["allocator"] != "caching-off":
+            result["peak_reserved_mib"] = round(self.torch.cuda.max_memory_reserved(self.dev) / MIB, 1)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=["transformer", "resnet"], required=True)

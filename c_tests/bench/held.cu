@@ -48,6 +48,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../child.h"
 #include "../clock_ms.h"
 #include "../exit_on_error.h"
 
@@ -266,50 +267,6 @@ static int burst(size_t mib, int count) {
 
 /* ---- ask: two processes, the second asks for what the first freed */
 
-static void send_int(int fd, int v) {
-  while (write(fd, &v, sizeof v) < 0 && errno == EINTR) {
-  }
-}
-static int recv_int(int fd) {
-  int v = -1;
-  ssize_t n;
-  while ((n = read(fd, &v, sizeof v)) < 0 && errno == EINTR) {
-  }
-  return n == sizeof v ? v : -1;
-}
-
-struct child {
-  pid_t pid;
-  int to, from;
-};
-
-/* This program again as `role` with `arg`, talking over two pipes. */
-static struct child spawn(const char *role, const char *arg) {
-  int to[2], from[2];
-  if (pipe2(to, O_CLOEXEC) || pipe2(from, O_CLOEXEC)) exit(1);
-  fflush(stdout);
-  struct child c = {fork(), to[1], from[0]};
-  if (c.pid < 0) exit(1);
-  if (c.pid == 0) {
-    dup2(to[0], 0);
-    dup2(from[1], 1);
-    execl("/proc/self/exe", "held", role, arg, (char *)NULL);
-    _exit(127);
-  }
-  close(to[0]);
-  close(from[1]);
-  return c;
-}
-
-static int finish(struct child c) {
-  close(c.to);
-  close(c.from);
-  int status = 0;
-  while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 /* SHARE of the device in `blocks` blocks, each a multiple of 2 MiB. */
 static size_t piece_of_share(int blocks) {
   size_t free_now = 0, total = 0;
@@ -325,8 +282,8 @@ static int ask_first(int blocks) {
   size_t piece = piece_of_share(blocks);
   void **p = (void **)calloc(blocks, sizeof *p);
   if (!p) return 1;
-  send_int(1, 0);
-  if (recv_int(0) != 1) return 1;
+  put_int(1, 0);
+  if (get_int(0) != 1) return 1;
   for (int i = 0; i < blocks; i++) {
     if (cudaMalloc(&p[i], piece) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -339,8 +296,8 @@ static int ask_first(int blocks) {
   for (int i = 0; i < blocks; i++)
     if (p[i]) CK(cudaFree(p[i]));
   CK(cudaDeviceSynchronize());
-  send_int(1, failed);
-  while (recv_int(0) >= 0) {
+  put_int(1, failed);
+  while (get_int(0) >= 0) {
   }
   free(p);
   return 0;
@@ -354,8 +311,8 @@ static int ask_second(int blocks) {
   size_t piece = piece_of_share(blocks);
   void **p = (void **)calloc(blocks, sizeof *p);
   if (!p) return 1;
-  send_int(1, 0);
-  if (recv_int(0) != 1) return 1;
+  put_int(1, 0);
+  if (get_int(0) != 1) return 1;
   double start = now_ms(), last = -1;
   int got = 0;
   for (int i = 0; i < blocks; i++) {
@@ -380,28 +337,28 @@ static int ask_second(int blocks) {
 }
 
 static int ask(const char *blocks) {
-  struct child first = spawn("ask-first", blocks);
+  struct child first = start_child("held", "ask-first", blocks);
   char *preload = getenv("LD_PRELOAD") ? strdup(getenv("LD_PRELOAD")) : NULL;
   const char *second_preload = getenv("SECOND_PRELOAD");
   if (second_preload && *second_preload) setenv("LD_PRELOAD", second_preload, 1);
   else if (second_preload) unsetenv("LD_PRELOAD");
-  struct child second = spawn("ask-second", blocks);
+  struct child second = start_child("held", "ask-second", blocks);
   if (preload) setenv("LD_PRELOAD", preload, 1);
-  int ready = recv_int(first.from) == 0 && recv_int(second.from) == 0;
+  int ready = get_int(first.from) == 0 && get_int(second.from) == 0;
   double out[2] = {-1, -1};
   int first_failed = -1;
   if (ready) {
-    send_int(first.to, 1);
-    first_failed = recv_int(first.from);
+    put_int(first.to, 1);
+    first_failed = get_int(first.from);
     if (first_failed >= 0) {
-      send_int(second.to, 1);
+      put_int(second.to, 1);
       if (read(second.from, out, sizeof out) != sizeof out) out[0] = out[1] = -1;
     }
   }
   int lacking = (int)out[1];
   int all_failed = (first_failed > 0 ? first_failed : 0) + (lacking > 0 ? lacking : 0);
   printf("ask_ms %.1f failed %d\n", out[0], all_failed);
-  int rc = finish(second) | finish(first);
+  int rc = finish_child(second) | finish_child(first);
   return rc | !ready | (first_failed != 0) | (lacking != 0) | (out[0] < 0);
 }
 

@@ -36,6 +36,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../child.h"
 #include "../clock_ms.h"
 
 #define PIECES 64
@@ -80,55 +81,13 @@ static int turn(void) {
   return failed;
 }
 
-static void put(int fd, int v) {
-  while (write(fd, &v, sizeof v) < 0 && errno == EINTR) {
-  }
-}
-static int get(int fd) {
-  int v = -1;
-  ssize_t n;
-  while ((n = read(fd, &v, sizeof v)) < 0 && errno == EINTR) {
-  }
-  return n == sizeof v ? v : -1;
-}
-
-struct child {
-  pid_t pid;
-  int to, from;
-};
-
-/* This program again as `role`, talking over two pipes. */
-static struct child spawn(const char *role) {
-  int to[2], from[2];
-  if (pipe2(to, O_CLOEXEC) || pipe2(from, O_CLOEXEC)) exit(1);
-  fflush(stdout);
-  struct child c = {fork(), to[1], from[0]};
-  if (c.pid == 0) {
-    dup2(to[0], 0);
-    dup2(from[1], 1);
-    execl("/proc/self/exe", "neighbours", role, (char *)NULL);
-    _exit(127);
-  }
-  close(to[0]);
-  close(from[1]);
-  return c;
-}
-
-static int finish(struct child c) {
-  close(c.to);
-  close(c.from);
-  int status = 0;
-  waitpid(c.pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 /* A player: takes a turn at each request, answers with the failed
  * allocations, until stdin closes. */
 static int player(void) {
   cudaFree(NULL);
-  for (int v; (v = get(0)) >= 0;) {
-    if (v == 1) put(1, turn());
-    else put(1, 0); /* ready */
+  for (int v; (v = get_int(0)) >= 0;) {
+    if (v == 1) put_int(1, turn());
+    else put_int(1, 0); /* ready */
   }
   return 0;
 }
@@ -136,7 +95,7 @@ static int player(void) {
 /* Asks for SHARE in one block until it gets it; answers two doubles. */
 static int asker(void) {
   cudaFree(NULL);
-  get(0);
+  get_int(0);
   size_t bytes = share_of_device();
   void *p = NULL;
   double start = now_ms();
@@ -214,15 +173,15 @@ static int pauses(int rounds, int pause_ms) {
 
 /* The time of one allocation of SHARE, `delay_ms` after a player freed as much. */
 static int handover(void) {
-  struct child giver = spawn("player");
+  struct child giver = start_child("neighbours", "player", NULL);
   cudaFree(NULL);
   size_t bytes = share_of_device();
   const int delays[] = {0, 25, 50, 100, 200, 400, 800};
   int failed = 0;
   for (unsigned d = 0; d < sizeof delays / sizeof delays[0]; d++)
     for (int rep = 0; rep < 3; rep++) {
-      put(giver.to, 1);
-      failed += get(giver.from) != 0;
+      put_int(giver.to, 1);
+      failed += get_int(giver.from) != 0;
       usleep(delays[d] * 1000);
       void *p = NULL;
       double start = now_ms();
@@ -238,7 +197,7 @@ static int handover(void) {
       printf("handover delay_ms %d alloc_ms %.1f free_ms %.1f\n", delays[d], took, now_ms() - freeing);
       fflush(stdout);
     }
-  return finish(giver) | (failed != 0);
+  return finish_child(giver) | (failed != 0);
 }
 
 int main(int argc, char **argv) {
@@ -249,38 +208,38 @@ int main(int argc, char **argv) {
     return pauses(atoi(argv[2]), atoi(argv[3]));
   if (argc == 2 && strcmp(argv[1], "handover") == 0) return handover();
   if (argc >= 2 && strcmp(argv[1], "second") == 0) {
-    struct child first = spawn("player");
-    put(first.to, 1);
-    int failed = get(first.from);
+    struct child first = start_child("neighbours", "player", NULL);
+    put_int(first.to, 1);
+    int failed = get_int(first.from);
     char *preload = getenv("LD_PRELOAD") ? strdup(getenv("LD_PRELOAD")) : NULL;
     const char *second_preload = getenv("SECOND_PRELOAD");
     if (second_preload && *second_preload) setenv("LD_PRELOAD", second_preload, 1);
     else unsetenv("LD_PRELOAD");
-    struct child second = spawn("asker");
+    struct child second = start_child("neighbours", "asker", NULL);
     if (preload) setenv("LD_PRELOAD", preload, 1);
-    put(second.to, 1);
+    put_int(second.to, 1);
     double out[2] = {-1, -1};
     if (read(second.from, out, sizeof out) != sizeof out) out[0] = -1;
     printf("second_ms %.1f first_call_ms %.1f first_failed %d\n", out[0], out[1], failed);
-    return finish(second) | finish(first);
+    return finish_child(second) | finish_child(first);
   }
   if (argc == 4 && strcmp(argv[1], "turns") == 0) {
     int rounds = atoi(argv[2]), idle_ms = atoi(argv[3]), oom = 0;
-    struct child players[2] = {spawn("player"), spawn("player")};
+    struct child players[2] = {start_child("neighbours", "player", NULL), start_child("neighbours", "player", NULL)};
     for (int p = 0; p < 2; p++) {
-      put(players[p].to, 0);
-      get(players[p].from);
+      put_int(players[p].to, 0);
+      get_int(players[p].from);
     }
     double busy = 0;
     for (int r = 0; r < rounds; r++) {
       double start = now_ms();
-      put(players[r % 2].to, 1);
-      oom += get(players[r % 2].from);
+      put_int(players[r % 2].to, 1);
+      oom += get_int(players[r % 2].from);
       busy += now_ms() - start;
       usleep(idle_ms * 1000);
     }
     printf("turns_ms %.1f oom %d\n", busy, oom);
-    return finish(players[0]) | finish(players[1]);
+    return finish_child(players[0]) | finish_child(players[1]);
   }
   fprintf(stderr, "usage: neighbours second | neighbours burst | neighbours turns ROUNDS IDLE_MS | neighbours pauses ROUNDS PAUSE_MS | neighbours handover\n");
   return 2;
