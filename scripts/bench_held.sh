@@ -84,13 +84,7 @@ for v in LD_PRELOAD SECOND_PRELOAD; do
   fi
 done
 
-cudart_rpath
-if ! "$NVCC" -O2 -arch="$ARCH" -cudart shared "${RPATH[@]}" -o "$BUILD/held" c_tests/bench/held.cu \
-  >"$BUILD/held.build.log" 2>&1; then
-  echo "bench_held: building c_tests/bench/held.cu failed:"
-  cat "$BUILD/held.build.log"
-  exit 1
-fi
+build_bench held bench_held
 echo "somashim held-memory benchmark, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 echo "GPU: $(nvidia-smi -L | head -n 1); shim: $SHIM (sha256 $(sha256sum "$SHIM" | cut -c1-16))"
 env | grep '^SOMA_' | sed 's/^/setting: /'

@@ -40,13 +40,7 @@ LOG=${OUT:-$BUILD}/neighbours.log
 mkdir -p "$(dirname "$LOG")"
 exec > >(tee "$LOG") 2>&1
 
-cudart_rpath
-if ! "$NVCC" -O2 -arch="$ARCH" -cudart shared "${RPATH[@]}" -o "$BUILD/neighbours" c_tests/bench/neighbours.cu \
-  >"$BUILD/neighbours.build.log" 2>&1; then
-  echo "bench_neighbours: building c_tests/bench/neighbours.cu failed:"
-  cat "$BUILD/neighbours.build.log"
-  exit 1
-fi
+build_bench neighbours bench_neighbours
 echo "somashim neighbours benchmark, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 echo "GPU: $(nvidia-smi -L | head -n 1); shim: $SHIM (sha256 $(sha256sum "$SHIM" | cut -c1-16))"
 env | grep '^SOMA_' | sed 's/^/setting: /'

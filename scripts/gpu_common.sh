@@ -40,3 +40,16 @@ cudart_rpath() {
     fi
   done
 }
+
+# build_bench NAME WHAT: c_tests/bench/NAME.cu into $BUILD/NAME (shared runtime),
+# its messages in $BUILD/NAME.build.log; on failure, says so and exits 1.
+build_bench() {
+  local name=$1 what=$2
+  cudart_rpath
+  if ! "$NVCC" -O2 -arch="$ARCH" -cudart shared "${RPATH[@]}" -o "$BUILD/$name" "c_tests/bench/$name.cu" \
+    >"$BUILD/$name.build.log" 2>&1; then
+    echo "$what: building c_tests/bench/$name.cu failed:"
+    cat "$BUILD/$name.build.log"
+    exit 1
+  fi
+}

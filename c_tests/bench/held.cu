@@ -274,16 +274,27 @@ static size_t piece_of_share(int blocks) {
   return (size_t)(total * SHARE) / (size_t)blocks / (2 * MIB) * (2 * MIB);
 }
 
+/* Either process of `ask`: its context made, room for `blocks` pointers of
+ * `piece` bytes each; says it is ready and waits for the go (NULL if none came). */
+static void **ask_ready(int blocks, size_t *piece) {
+  CK(cudaFree(NULL));
+  *piece = piece_of_share(blocks);
+  void **p = (void **)calloc(blocks, sizeof *p);
+  put_int(1, 0);
+  if (!p || get_int(0) != 1) {
+    free(p);
+    return NULL;
+  }
+  return p;
+}
+
 /* The first process: ready once its context exists; at 1, allocates SHARE,
  * fills, frees, synchronizes, answers its failed allocations; then idles
  * until stdin closes. */
 static int ask_first(int blocks) {
-  CK(cudaFree(NULL));
-  size_t piece = piece_of_share(blocks);
-  void **p = (void **)calloc(blocks, sizeof *p);
+  size_t piece;
+  void **p = ask_ready(blocks, &piece);
   if (!p) return 1;
-  put_int(1, 0);
-  if (get_int(0) != 1) return 1;
   for (int i = 0; i < blocks; i++) {
     if (cudaMalloc(&p[i], piece) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -307,12 +318,9 @@ static int ask_first(int blocks) {
  * `blocks` blocks, each again every 1 ms until 5 s have passed; answers the
  * ms to its last success (-1 if some never came) and the blocks it lacks. */
 static int ask_second(int blocks) {
-  CK(cudaFree(NULL));
-  size_t piece = piece_of_share(blocks);
-  void **p = (void **)calloc(blocks, sizeof *p);
+  size_t piece;
+  void **p = ask_ready(blocks, &piece);
   if (!p) return 1;
-  put_int(1, 0);
-  if (get_int(0) != 1) return 1;
   double start = now_ms(), last = -1;
   int got = 0;
   for (int i = 0; i < blocks; i++) {
