@@ -666,8 +666,9 @@ static SERVED: [&[EntryPoint]; 2] = [DRIVER_ENTRY_POINTS, WORK_ENTRY_POINTS];
 
 front::dlsym::export_dlsym!(served_by_dlsym);
 
-/// The shim's function for a `dlsym` lookup the shim serves, else null.
+/// The shim's function for a `dlsym` lookup the shim serves, else null (the
+/// real `dlsym` answers then, also after a panic, which must not cross into C).
 unsafe extern "C" fn served_by_dlsym(handle: Handle, name: *const c_char) -> Handle {
     // SAFETY: dlsym's caller passes a NUL-terminated name.
-    unsafe { front::dlsym::served_lookup(handle, name, &SERVED) }
+    std::panic::catch_unwind(|| unsafe { front::dlsym::served_lookup(handle, name, &SERVED) }).unwrap_or(std::ptr::null_mut())
 }

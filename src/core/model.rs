@@ -335,18 +335,13 @@ impl SimGpu {
         ["wait_for", "synchronize_stream", "synchronize_context"].iter().filter_map(|name| s.calls.get(name)).sum()
     }
 
-    /// The most memory the pools have held at once, all together.
     /// Bytes the pools reserve and the real allocator's live blocks hold.
     pub fn held(&self) -> u64 {
         let s = self.state();
         s.pools.values().map(|p| p.reserved).sum::<u64>() + s.real_bytes
     }
 
-    /// Bytes the pools reserve and do not use.
-    pub fn pools_unused(&self) -> u64 {
-        self.state().pools.values().map(|p| p.reserved - p.used).sum()
-    }
-
+    /// The most memory the pools have held at once, all together.
     pub fn reserved_high(&self) -> u64 {
         self.state().pools.values().map(|p| p.reserved_high).sum()
     }
@@ -446,7 +441,8 @@ impl State {
 
     fn complete(&mut self, id: OpId) {
         if let Some(touch) = self.ops[id].touch {
-            if touch.generation > 1 {
+            // Generation 0 of an address is the memory it was mapped from, if any.
+            if touch.generation >= 1 {
                 if let Some(before) = self.before_reuse.get(&(touch.ptr, touch.generation - 1)) {
                     let unfinished: Vec<OpId> = before.iter().copied().filter(|&b| !self.ops[b].done).collect();
                     if !unfinished.is_empty() {
@@ -792,16 +788,29 @@ impl Gpu for SimGpu {
                 s.next_address += size.next_multiple_of(512);
                 let left = s.next_address;
                 s.next_address += covered.saturating_sub(size).next_multiple_of(512);
+                // The memory's new addresses inherit what must finish before
+                // its reuse: generation 1 there waits as the next generation
+                // of each absorbed block would have (`complete`).
+                let inherited: Vec<OpId> = absorbed
+                    .iter()
+                    .flat_map(|&index| {
+                        let b = &s.pools[&pool_key].freed[index];
+                        let generation = s.generations.get(&b.ptr).copied().unwrap_or(0);
+                        s.before_reuse.get(&(b.ptr, generation)).cloned().unwrap_or_default()
+                    })
+                    .collect();
                 let p = s.pools.get_mut(&pool_key).expect("found");
-                let mut last = None;
-                for index in absorbed.into_iter().rev() {
-                    last = Some(p.freed.remove(index));
-                }
-                if let Some(last) = last.filter(|_| covered > size) {
-                    p.freed.push(FreedBlock { ptr: left, size: covered - size, ..last });
+                let removed: Vec<FreedBlock> = absorbed.into_iter().rev().map(|index| p.freed.remove(index)).collect();
+                // What is left is freed as late as the latest of them.
+                if let Some(latest) = removed.into_iter().max_by_key(|b| b.free_op).filter(|_| covered > size) {
+                    p.freed.push(FreedBlock { ptr: left, size: covered - size, ..latest });
                 }
                 p.reserved += fresh;
                 p.reserved_high = p.reserved_high.max(p.reserved);
+                if !inherited.is_empty() {
+                    s.before_reuse.insert((left, 0), inherited.clone());
+                    s.before_reuse.insert((ptr, 0), inherited);
+                }
                 ptr
             }
         };

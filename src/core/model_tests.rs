@@ -1651,3 +1651,29 @@ proptest! {
         prop_assert!(v.is_empty(), "{v:?}");
     }
 }
+
+/// The model's checker keeps its teeth where the driver maps freed memory
+/// anew for another size: work on the new block that may run before the work
+/// on the memory it came from is caught.
+#[test]
+fn work_on_memory_mapped_anew_before_the_old_work_finished_is_caught() {
+    let caught = (0..16).filter(|&seed| {
+        let gpu = SimGpu::new(seed, CAPACITY);
+        let pool = gpu.create_pool(0).expect("pool");
+        gpu.set_reuse_policies(pool, true, true, false).expect("policies");
+        let old = gpu.alloc_from_pool(4 * MIB, pool, Stream::LEGACY).expect("served");
+        let touch = Touch { ptr: old, generation: gpu.next_generation(old) };
+        gpu.launch(Stream::LEGACY, touch);
+        gpu.program_freed(touch);
+        gpu.free_async(old, Stream::LEGACY).expect("freed");
+        // The same stream: the driver may reuse it at once, for a smaller size.
+        let new = gpu.alloc_from_pool(MIB, pool, Stream::LEGACY).expect("served");
+        assert_ne!(new, old, "{seed}: mapped anew, at another address");
+        // The program's own race: work on a stream that does not wait.
+        let unordered = gpu.program_stream(true);
+        gpu.launch(unordered, Touch { ptr: new, generation: gpu.next_generation(new) });
+        gpu.drain();
+        !gpu.violations().early_reuse.is_empty()
+    });
+    assert!(caught.count() > 0, "no interleaving caught the early reuse");
+}

@@ -33,7 +33,8 @@
 //! Locks: the queue and the cache are held for a push or a pop, never over a
 //! driver call, so program threads never wait on a driver call of another's.
 //! `reclaiming` is held over the joins and the returns, which only the
-//! reclaimer and an allocation that must wait perform.
+//! reclaimer, an allocation that must wait, and a large request's budget
+//! (`Device::give_back_cached_large`, which does not wait for it) perform.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -129,6 +130,13 @@ pub struct Reclaiming {
     spare_events: Vec<Event>,
     /// The device is gone (reset): nothing may touch its streams any more.
     closed: bool,
+}
+
+impl Reclaiming {
+    /// The device is gone (reset): nothing may touch its streams any more.
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
 }
 
 impl PendingFrees {

@@ -69,12 +69,9 @@ pub(crate) use export_dlsym;
 pub unsafe fn served_lookup(handle: *mut c_void, name: *const c_char, served: &[&[EntryPoint]]) -> *mut c_void {
     // SAFETY: as the caller promises.
     let name = unsafe { CStr::from_ptr(name) };
-    if super::process::disabled() {
-        return std::ptr::null_mut();
-    }
     let real = real_dlsym(handle, name);
     match driver_door::substitute(real, served) {
-        Some(hook) if hook != real => {
+        Some(hook) if hook != real && !super::process::disabled() => {
             log::debug!("dlsym({name:?}): serving the shim's function");
             hook
         }

@@ -77,13 +77,13 @@ pub unsafe fn get_proc_address(
     passes_unseen: impl FnOnce(&CStr),
 ) -> u32 {
     let rc = real();
-    if rc == SUCCESS && !function.is_null() && !super::process::disabled() {
+    if rc == SUCCESS && !function.is_null() {
         // SAFETY: success means the driver wrote an entry point to `function`.
         let found = unsafe { *function };
         // SAFETY: `symbol` is the caller's NUL-terminated name.
         let name = unsafe { CStr::from_ptr(symbol) };
         match substitute(found, served) {
-            Some(hook) => {
+            Some(hook) if !super::process::disabled() => {
                 log::debug!("cuGetProcAddress({name:?}): serving the shim's function");
                 // SAFETY: as above, `function` is writable.
                 unsafe { *function = hook };
@@ -91,11 +91,11 @@ pub unsafe fn get_proc_address(
             // A function the shim wraps, answered with one it does not know
             // (a variant it does not export): calls through it bypass the
             // shim, which the tests must hear of.
-            None if !found.is_null() && serves(served, name) => {
+            None if !found.is_null() && serves(served, name) && !super::process::disabled() => {
                 log::warn!("cuGetProcAddress({name:?}): a variant the shim does not wrap; its calls bypass the shim");
                 passes_unseen(name);
             }
-            None => {}
+            _ => {}
         }
     }
     rc

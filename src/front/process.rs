@@ -47,9 +47,15 @@ pub fn allocator() -> &'static Allocator {
 }
 
 /// `SOMA_DISABLE=1`: every call goes to the real one untouched, and the
-/// driver's entry points are handed out as the driver gives them.
+/// driver's entry points are handed out as the driver gives them. Asked by
+/// symbol lookups too, which must not make the allocator (a process may look
+/// symbols up and never call CUDA, or fork first).
 pub fn disabled() -> bool {
-    allocator().config.disable
+    static READ: OnceLock<bool> = OnceLock::new();
+    match allocator_if_made() {
+        Some(allocator) => allocator.config.disable,
+        None => *READ.get_or_init(|| Config::disables(std::env::var_os("SOMA_DISABLE").as_deref())),
+    }
 }
 
 /// The process that loaded the shim (`LD_PRELOAD` loads it before `main`).

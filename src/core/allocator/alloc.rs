@@ -157,7 +157,12 @@ impl Allocator {
                 self.reclaim(driver, device, Wait::All);
                 self.release_segments(driver, device);
                 match device.alloc(driver, size, source, quiet, false) {
-                    Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) => device.alloc(driver, size, source, quiet, true),
+                    // The last try: the pool trimmed, a large block from the
+                    // real allocator, which a fragmented pool may not match.
+                    Err(AllocFailure::OutOfMemory | AllocFailure::OverLimit) => {
+                        let last = if device.is_large(size) { Source::RealAllocator } else { source };
+                        device.alloc(driver, size, last, quiet, true)
+                    }
                     other => other,
                 }
             }
@@ -168,30 +173,31 @@ impl Allocator {
 
     /// Where a large request of `size` bytes comes from, after what the
     /// device holds was brought within its budget for it (`budget::plan`):
-    /// cached large blocks of other sizes go back (the real allocator's with
-    /// the real free, which waits for the device as the program's own frees
-    /// of them would have; the pool's to the pool, which may then serve the
-    /// request) and, if that is not enough, the pool's unused memory. No
-    /// capture may be in progress. `in_use`: the program's bytes on the device.
+    /// cached large blocks of other sizes go back (the pool's to the pool,
+    /// which may then serve the request; the real allocator's with the real
+    /// free, once, after the device finished its work, as the program's own
+    /// frees of them would have waited) and, if that is not enough, the
+    /// pool's unused memory. No capture may be in progress. `in_use`: the
+    /// program's bytes on the device.
     fn make_room_for_large(&self, driver: &impl Gpu, device: &Device, size: u64, in_use: u64) -> Result<Source, AllocFailure> {
         let mut plan = budget::plan(size, &device.holding(driver, in_use));
-        let gives_back = plan.give_back_large > 0 || plan.trim_pool;
+        let mut gave_back = false;
         // Planned again on what is left, while a round gives back a cached block or more.
-        while plan.give_back_large > 0 {
-            let cached = device.cached_large_bytes();
-            device.give_back_cached_large(driver, &self.map, plan.give_back_large);
-            self.release_segments(driver, device);
-            if device.cached_large_bytes() >= cached {
-                break;
-            }
+        while plan.give_back_large > 0 && device.give_back_cached_large(driver, &self.map, plan.give_back_large) {
+            gave_back = true;
             plan = budget::plan(size, &device.holding(driver, in_use));
         }
-        if plan.trim_pool {
-            device.trim_unused(driver)?;
+        let counters = self.stats.counters(device.ordinal, device.host);
+        if device.has_segments_to_release() {
+            self.release_segments(driver, device);
         }
-        if gives_back {
+        if plan.trim_pool {
+            gave_back = true;
+            counters.given_back.fetch_add(device.trim_unused(driver)?, Ordering::Relaxed);
+        }
+        if gave_back {
             log::debug!("device {}: {size} bytes asked, {in_use} in use: gave back within the budget", device.ordinal);
-            self.stats.counters(device.ordinal, device.host).tally().budget_give_backs.fetch_add(1, Ordering::Relaxed);
+            counters.tally().budget_give_backs.fetch_add(1, Ordering::Relaxed);
         }
         Ok(plan.source)
     }

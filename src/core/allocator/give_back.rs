@@ -72,7 +72,10 @@ impl Allocator {
         if due.is_empty() {
             return;
         }
-        self.give_back_from(driver, due.into_iter(), |device| device.decay(driver, &self.map, self.activity(device)));
+        self.give_back_from(driver, due.into_iter(), |device| {
+            let in_use = self.stats.counters(device.ordinal, device.host).in_use.load(Relaxed);
+            device.decay(driver, &self.map, self.activity(device), in_use)
+        });
     }
 
     /// The allocations and frees the pools of `device` served so far.

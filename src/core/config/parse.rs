@@ -75,6 +75,13 @@ impl Config {
         Ok(config)
     }
 
+    /// Whether `SOMA_DISABLE` set to `value` turns the shim off, read as the
+    /// whole configuration reads it, without the other variables.
+    pub fn disables(value: Option<&OsStr>) -> bool {
+        let given = value.map(|value| (OsString::from("SOMA_DISABLE"), value.to_owned()));
+        Config::read(given).is_ok_and(|(config, _)| config.disable)
+    }
+
     /// The configuration, and the `SOMA_*` variables it leaves to other
     /// programs (as the messages show them).
     fn read(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Result<(Config, Vec<String>), ConfigError> {

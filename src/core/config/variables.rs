@@ -216,7 +216,7 @@ pub static VARIABLES: &[Variable] = &[
         name: "SOMA_LARGE_BLOCKS",
         kind: Kind::Size { allow_total: false },
         default: "64MiB",
-        doc: "Requests of at least this size that take the program past its recent peak are allocated by the real cuMemAlloc, which maps memory faster than a pool grows, and their freed blocks wait in the shim's cache for a request of their size; within the peak they come from the pool; the device holds at most 1.2 times that peak, giving cached blocks back with the real cuMemFree first; 0: every size from the pool.",
+        doc: "Requests of at least this size that take the program past its recent peak, while the device holds unused less than half of them, are allocated by the real cuMemAlloc, which maps memory faster than a pool grows, and their freed blocks wait in the shim's cache for a request of their size; the others come from the pool; before taking new memory the device gives back cached large blocks, then unused pool memory, to hold at most 1.2 times that peak; 0: every size from the pool.",
         store: store_bytes!(large_blocks),
     },
     Variable {

@@ -11,8 +11,9 @@
 //! held); every other one comes from the pool. Before either takes fresh
 //! memory, what the device holds (the pools' reservations and the large
 //! blocks, used or not) is brought within 1.2 times the larger of that peak
-//! and the use with the request: cached large blocks go back with the real
-//! free, oldest first, and, before a real allocation, the pool's unused memory.
+//! and the use with the request: cached large blocks go back, oldest first
+//! (the real allocator's with the real free, the pool's to the pool), and,
+//! before a real allocation, the pool's unused memory.
 
 use super::super::decay::CHECKS;
 

@@ -286,17 +286,17 @@ impl Device {
             log::debug!("device {}: allocations on the {} stream", self.ordinal, if on_legacy { "legacy" } else { "pool" });
         }
         let keep = only_blocking
-            && (match self.legacy_cache {
+            && ((match self.legacy_cache {
                 LegacyCache::On => true,
                 LegacyCache::Off => false,
                 // Every free with only blocking streams is noted.
                 LegacyCache::Auto => self.turns.0.note(thread_number()) || !side_work.unmarked(self.ordinal),
             }
-            // Checked, then cached: threads freeing at once may pass it by a block each.
-            && self.pending.has_room(size, self.pending_free_limit)
-            // A large block of the pool goes back to it, which serves every
-            // size from it; one of the real allocator has no pool to go back to.
-            && !self.is_large(size)
+                // Checked, then cached: threads freeing at once may pass it by a block each.
+                && self.pending.has_room(size, self.pending_free_limit)
+                // A large block of the pool goes back to it, which serves every size from it.
+                && !self.is_large(size))
+                // One of the real allocator has no pool to go back to.
                 || segment.is_some());
         if keep {
             if let Some(marked) = self.order_kept(driver, side_work) {

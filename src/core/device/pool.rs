@@ -85,8 +85,8 @@ pub struct Device {
     /// shim holds (in use, pending or cached), by address.
     pub(super) segments: Mutex<HashMap<u64, Segment>>,
     /// Large blocks out of the cache, waiting for the real free
-    /// (`release_segments`), which no thread does while it holds a lock
-    /// another thread's allocation needs.
+    /// (`release_segments`), which a thread does holding no lock but the
+    /// captures' (for reading) and `releasing`.
     pub(super) segments_to_release: Mutex<Vec<u64>>,
     /// Bytes of `segments`.
     pub(super) segment_bytes: AtomicU64,
@@ -315,15 +315,17 @@ impl Device {
         Holding {
             in_use,
             peak: self.recent_peak.load(Relaxed).max(self.in_use_high.load(Relaxed)),
-            held: self.reserved(driver),
+            // Large blocks on their way to the real free are gone already.
+            held: self.reserved(driver).saturating_sub(self.bytes_to_release()),
             cached_large: self.cached_large_bytes(),
             pool_unused: bytes(PoolCounter::ReservedNow).saturating_sub(bytes(PoolCounter::UsedNow)),
         }
     }
 
-    /// A decay check: the highest use since the last one joins the window.
-    pub(super) fn check_peak(&self) {
-        let high = self.in_use_high.swap(0, Relaxed);
+    /// A decay check: the highest use since the last one (at least the
+    /// program's use now, `in_use`) joins the window.
+    pub(super) fn check_peak(&self, in_use: u64) {
+        let high = self.in_use_high.swap(in_use, Relaxed).max(in_use);
         self.recent_peak.store(lock(&self.peaks).check(high), Relaxed);
     }
 
@@ -336,18 +338,36 @@ impl Device {
 
     /// Gives the cached large blocks back, the oldest first, `bytes` of them
     /// or just more: those of the real allocator wait for the real free
-    /// (`release_segments`), those of the pool go back to it. No capture
-    /// may be in progress.
-    pub fn give_back_cached_large(&self, driver: &impl Gpu, map: &PointerMap, bytes: u64) {
+    /// (`release_segments`), those of the pool go back to it. Whether any
+    /// went (not while another thread returns blocks, or the device is being
+    /// reset). No capture may be in progress.
+    pub fn give_back_cached_large(&self, driver: &impl Gpu, map: &PointerMap, bytes: u64) -> bool {
+        let Some(_returning) = self.pending.try_reclaiming().filter(|returning| !returning.closed()) else { return false };
+        let before = self.cached_large_bytes();
         self.pending.release_cached(Keep::FewerLarge { by: bytes }, map, |ptr, in_legacy_order| {
             self.return_to_pool(driver, ptr, in_legacy_order)
         });
+        self.cached_large_bytes() < before
     }
 
-    /// Gives the pools' unused memory back to the driver, after the host
-    /// waited for the frees in them to pass. No capture may be in progress.
-    pub fn trim_unused(&self, driver: &impl Gpu) -> Result<(), AllocFailure> {
-        self.trim(driver, true)
+    /// Gives what the pool of large requests holds unused back to the
+    /// driver, after the host waited for the frees in it to pass. No capture
+    /// may be in progress. Returns the bytes given back.
+    pub fn trim_unused(&self, driver: &impl Gpu) -> Result<u64, AllocFailure> {
+        let _trimming = lock(&self.trimming);
+        driver.synchronize_stream(Stream::LEGACY).map_err(AllocFailure::Driver)?;
+        driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
+        let reserved = || driver.pool_bytes(self.pool, PoolCounter::ReservedNow).unwrap_or(0);
+        let before = reserved();
+        driver.trim(self.pool, 0).map_err(AllocFailure::Driver)?;
+        Ok(before.saturating_sub(reserved()))
+    }
+
+    /// Bytes of the large blocks waiting for the real free.
+    fn bytes_to_release(&self) -> u64 {
+        let waiting = lock(&self.segments_to_release).clone();
+        let segments = lock(&self.segments);
+        waiting.iter().filter_map(|ptr| segments.get(ptr)).map(|segment| segment.size).sum()
     }
 
     /// Whether large blocks wait for the real free (`release_segments`).

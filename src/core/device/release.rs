@@ -34,14 +34,15 @@ impl Device {
     /// device's work done (no free waiting for the GPU, the legacy stream
     /// idle: a program waiting for its GPU is not done), all they hold
     /// unused, until all went. The device's context must be current, no
-    /// capture in progress. Returns the bytes given back.
-    pub fn decay(&self, driver: &impl Gpu, map: &PointerMap, activity: u64) -> u64 {
+    /// capture in progress. `in_use`: the program's bytes on the device now.
+    /// Returns the bytes given back.
+    pub fn decay(&self, driver: &impl Gpu, map: &PointerMap, activity: u64, in_use: u64) -> u64 {
         let now = Instant::now();
         let mut window = lock(&self.decay);
         let Some(window) = window.as_mut() else { return 0 };
         let mut given = 0;
         if window.due(now) {
-            self.check_peak();
+            self.check_peak(in_use);
             match window.check(now, activity, self.used_highs_since_last_check(driver)) {
                 Release::All => return self.give_back(driver, map),
                 // A check that keeps the peak does not put the idle rule off.
