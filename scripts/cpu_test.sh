@@ -90,7 +90,7 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork pitch pinned ipc ipc_server ipc_leases neighbours pointer_queries libraries)
+  fork pitch pinned ipc ipc_server ipc_leases neighbours pointer_queries libraries held)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -441,6 +441,7 @@ compare_settings "SOMA_MEMORY_LIMIT=64MiB, lazy GPU, a non-blocking stream (free
   "$MEM64 FAKECUDA_LAZY_GPU=1 MAKE_NONBLOCKING_STREAM=1" \
   "$MEM256 SOMA_MEMORY_LIMIT=64MiB FAKECUDA_LAZY_GPU=1 MAKE_NONBLOCKING_STREAM=1"
 # pitched allocations
+compare "memory held: varied, growing and burst large blocks within 1.25x of the program's peak" held
 compare "pitched allocations" pitch
 compare "pitched allocations, runtime resolving the driver by cuGetProcAddress" pitch FAKECUDA_RT_PROCADDR=1
 compare "pitched allocations SOMA_MAX_BYTES=64KiB (larger ones pass through)" pitch SOMA_MAX_BYTES=64KiB

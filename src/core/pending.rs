@@ -33,8 +33,8 @@
 //! Locks: the queue and the cache are held for a push or a pop, never over a
 //! driver call, so program threads never wait on a driver call of another's.
 //! `reclaiming` is held over the joins and the returns, which only the
-//! reclaimer, an allocation that must wait, and a large request's budget
-//! (`Device::give_back_cached_large`, which does not wait for it) perform.
+//! reclaimer and an allocation that must wait (for its frees, or within a
+//! large request's budget: `Device::give_back_cached_large`) perform.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -176,16 +176,30 @@ impl Allocator {
     /// cached large blocks of other sizes go back (the pool's to the pool,
     /// which may then serve the request; the real allocator's with the real
     /// free, once, after the device finished its work, as the program's own
-    /// frees of them would have waited) and, if that is not enough, the
-    /// pool's unused memory. No capture may be in progress. `in_use`: the
-    /// program's bytes on the device.
+    /// frees of them would have waited), then, where frees wait for the GPU,
+    /// those once it passed them, and, if that is not enough, the pool's
+    /// unused memory. No capture may be in progress. `in_use`: the program's
+    /// bytes on the device.
     fn make_room_for_large(&self, driver: &impl Gpu, device: &Device, size: u64, in_use: u64) -> Result<Source, AllocFailure> {
-        let mut plan = budget::plan(size, &device.holding(driver, in_use));
+        let replan = || budget::plan(size, &device.holding(driver, in_use));
+        let mut plan = replan();
         let mut gave_back = false;
-        // Planned again on what is left, while a round gives back a cached block or more.
-        while plan.give_back_large > 0 && device.give_back_cached_large(driver, &self.map, plan.give_back_large) {
-            gave_back = true;
-            plan = budget::plan(size, &device.holding(driver, in_use));
+        let mut waited = false;
+        loop {
+            // Planned again on what is left, while a round gives back a cached block or more.
+            while plan.give_back_large > 0 && device.give_back_cached_large(driver, &self.map, plan.give_back_large) {
+                gave_back = true;
+                plan = replan();
+            }
+            // Frees the GPU has not passed hold memory too: once, the host
+            // waits for them (as the real free would have) and they are cached.
+            if plan.still_over == 0 || waited || device.pending_bytes() == 0 {
+                break;
+            }
+            waited = true;
+            self.stats.counters(device.ordinal, device.host).pending_waits.fetch_add(1, Ordering::Relaxed);
+            self.reclaim(driver, device, Wait::All);
+            plan = replan();
         }
         let counters = self.stats.counters(device.ordinal, device.host);
         if device.has_segments_to_release() {

@@ -13,7 +13,9 @@
 //! blocks, used or not) is brought within 1.2 times the larger of that peak
 //! and the use with the request: cached large blocks go back, oldest first
 //! (the real allocator's with the real free, the pool's to the pool), and,
-//! before a real allocation, the pool's unused memory.
+//! before a real allocation, the pool's unused memory; where that is not
+//! enough and frees wait for the GPU, the host waits for them first, as the
+//! real free would have.
 
 use super::super::decay::CHECKS;
 
@@ -58,6 +60,8 @@ pub struct Plan {
     pub give_back_large: u64,
     /// Give the pool's unused memory back first too.
     pub trim_pool: bool,
+    /// Bytes over the allowance that those give-backs do not cover.
+    pub still_over: u64,
 }
 
 /// Where a large request of `size` bytes comes from, and what goes back first.
@@ -65,7 +69,7 @@ pub fn plan(size: u64, holding: &Holding) -> Plan {
     // What the pool would map fresh to serve it.
     let fresh = size.saturating_sub(holding.pool_unused);
     if fresh == 0 {
-        return Plan { source: Source::Pool, give_back_large: 0, trim_pool: false };
+        return Plan { source: Source::Pool, give_back_large: 0, trim_pool: false, still_over: 0 };
     }
     let with_request = holding.in_use.saturating_add(size);
     let allowed = allowed(holding.peak.max(with_request));
@@ -77,7 +81,8 @@ pub fn plan(size: u64, holding: &Holding) -> Plan {
     // The pool's unused memory would serve a pool request: it goes only
     // before a real allocation.
     let trim_pool = source == Source::RealAllocator && excess > give_back_large && holding.pool_unused > 0;
-    Plan { source, give_back_large, trim_pool }
+    let trimmed = if trim_pool { holding.pool_unused } else { 0 };
+    Plan { source, give_back_large, trim_pool, still_over: excess.saturating_sub(give_back_large + trimmed) }
 }
 
 /// The program's peak in use over the decay's last `CHECKS` checks.
@@ -113,14 +118,14 @@ mod tests {
     #[test]
     fn a_request_the_pools_unused_memory_covers_takes_nothing_new() {
         let holding = Holding { in_use: 0, peak: 2 * GIB, held: 2 * GIB, cached_large: 0, pool_unused: 2 * GIB };
-        assert_eq!(plan(GIB, &holding), Plan { source: Source::Pool, give_back_large: 0, trim_pool: false });
+        assert_eq!(plan(GIB, &holding), Plan { source: Source::Pool, give_back_large: 0, trim_pool: false, still_over: 0 });
     }
 
     #[test]
     fn growth_with_little_held_unused_comes_from_the_real_allocator() {
         // A fresh burst: each request raises the peak, nothing is cached.
         let holding = Holding { in_use: 3 * GIB, peak: 3 * GIB, held: 3 * GIB + 100 * MIB, cached_large: 0, pool_unused: 100 * MIB };
-        assert_eq!(plan(GIB, &holding), Plan { source: Source::RealAllocator, give_back_large: 0, trim_pool: false });
+        assert_eq!(plan(GIB, &holding), Plan { source: Source::RealAllocator, give_back_large: 0, trim_pool: false, still_over: 0 });
     }
 
     #[test]
@@ -128,7 +133,7 @@ mod tests {
         // A buffer grown by a quarter: the old one is back in the pool.
         let holding = Holding { in_use: GIB, peak: 2 * GIB, held: 2 * GIB, cached_large: 0, pool_unused: GIB };
         let planned = plan(1280 * MIB, &holding);
-        assert_eq!(planned, Plan { source: Source::Pool, give_back_large: 0, trim_pool: false }, "256 MiB fresh: within 1.2 x 2.25 GiB");
+        assert_eq!(planned, Plan { source: Source::Pool, give_back_large: 0, trim_pool: false, still_over: 0 }, "256 MiB fresh: within 1.2 x 2.25 GiB");
     }
 
     #[test]
@@ -146,13 +151,23 @@ mod tests {
     fn before_a_real_allocation_past_the_budget_the_pools_unused_memory_goes() {
         // 300 MiB unused in the pool, 2 GiB asked past a peak of 1 GiB, 2 GiB held.
         let holding = Holding { in_use: GIB, peak: GIB, held: 2 * GIB, cached_large: 0, pool_unused: 300 * MIB };
-        assert_eq!(plan(2 * GIB, &holding), Plan { source: Source::RealAllocator, give_back_large: 0, trim_pool: true });
+        let still_over = 4 * GIB - allowed(3 * GIB) - 300 * MIB;
+        assert_eq!(plan(2 * GIB, &holding), Plan { source: Source::RealAllocator, give_back_large: 0, trim_pool: true, still_over });
+    }
+
+    #[test]
+    fn what_the_cache_cannot_cover_is_still_over() {
+        // Frees not yet passed hold 1 GiB; 512 MiB cached; 1 GiB asked within a 1 GiB peak.
+        let holding = Holding { in_use: 0, peak: GIB, held: GIB + 512 * MIB, cached_large: 512 * MIB, pool_unused: 0 };
+        let planned = plan(GIB, &holding);
+        assert_eq!((planned.source, planned.give_back_large), (Source::Pool, 512 * MIB));
+        assert_eq!(planned.still_over, GIB + 512 * MIB + GIB - allowed(GIB) - 512 * MIB);
     }
 
     #[test]
     fn within_the_allowance_nothing_goes_back() {
         let holding = Holding { in_use: GIB, peak: 4 * GIB, held: 2 * GIB, cached_large: GIB, pool_unused: 0 };
-        assert_eq!(plan(GIB, &holding), Plan { source: Source::Pool, give_back_large: 0, trim_pool: false });
+        assert_eq!(plan(GIB, &holding), Plan { source: Source::Pool, give_back_large: 0, trim_pool: false, still_over: 0 });
     }
 
     #[test]

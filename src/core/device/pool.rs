@@ -339,14 +339,19 @@ impl Device {
     /// Gives the cached large blocks back, the oldest first, `bytes` of them
     /// or just more: those of the real allocator wait for the real free
     /// (`release_segments`), those of the pool go back to it. Whether any
-    /// went (not while another thread returns blocks, or the device is being
-    /// reset). No capture may be in progress.
+    /// went (none once the device is being reset). Like an allocation that
+    /// waits for frees, it waits for a return another thread has begun. No
+    /// capture may be in progress.
     pub fn give_back_cached_large(&self, driver: &impl Gpu, map: &PointerMap, bytes: u64) -> bool {
-        let Some(_returning) = self.pending.try_reclaiming().filter(|returning| !returning.closed()) else { return false };
+        let returning = self.pending.reclaiming();
+        if returning.closed() {
+            return false;
+        }
         let before = self.cached_large_bytes();
         self.pending.release_cached(Keep::FewerLarge { by: bytes }, map, |ptr, in_legacy_order| {
             self.return_to_pool(driver, ptr, in_legacy_order)
         });
+        drop(returning);
         self.cached_large_bytes() < before
     }
 
