@@ -442,6 +442,7 @@ compare_settings "SOMA_MEMORY_LIMIT=64MiB, lazy GPU, a non-blocking stream (free
   "$MEM256 SOMA_MEMORY_LIMIT=64MiB FAKECUDA_LAZY_GPU=1 MAKE_NONBLOCKING_STREAM=1"
 # pitched allocations
 compare "memory held: varied, growing and burst large blocks within 1.25x of the program's peak" held
+compare "memory held, a non-blocking stream alive (frees joined)" held MAKE_NONBLOCKING_STREAM=1
 compare "pitched allocations" pitch
 compare "pitched allocations, runtime resolving the driver by cuGetProcAddress" pitch FAKECUDA_RT_PROCADDR=1
 compare "pitched allocations SOMA_MAX_BYTES=64KiB (larger ones pass through)" pitch SOMA_MAX_BYTES=64KiB

@@ -8,8 +8,7 @@
  *            the larger, copy the old into it, free the old), twice;
  *   burst    8 blocks of 128 MiB live at once, then freed, three times.
  * MAKE_NONBLOCKING_STREAM=1: a non-blocking stream is alive, so the shim
- * queues its frees and joins them (the limit of DESIGN.md, "Memory held with
- * non-blocking streams": not run by the suite). */
+ * queues its frees and joins them. */
 #include "common.h"
 
 static uint64_t start_used, peak_used;

@@ -168,7 +168,29 @@ impl Allocator {
             }
             other => other,
         }?;
+        if quiet && source == Source::Pool && device.is_large(size) {
+            self.trim_past_budget(driver, device, size, in_use);
+        }
         Ok(Served::Pool(ptr))
+    }
+
+    /// After a large request of `size` bytes came from the pool: where the
+    /// pool grew more than planned (freed memory it could not reuse yet for
+    /// this stream), its unused memory goes back to the driver once the host
+    /// waited for its frees, so that the device stays within its budget.
+    fn trim_past_budget(&self, driver: &impl Gpu, device: &Device, size: u64, in_use: u64) {
+        let holding = device.holding(driver, in_use + size);
+        if holding.held > budget::allowed(holding.peak.max(holding.in_use)) && holding.pool_unused > 0 {
+            let counters = self.stats.counters(device.ordinal, device.host);
+            match device.trim_unused(driver) {
+                Ok(given) => counters.given_back.fetch_add(given, Ordering::Relaxed),
+                Err(e) => {
+                    log::debug!("device {}: trimming past the budget failed: {e:?}", device.ordinal);
+                    0
+                }
+            };
+            counters.tally().budget_give_backs.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Where a large request of `size` bytes comes from, after what the

@@ -348,8 +348,11 @@ impl Device {
             return false;
         }
         let before = self.cached_large_bytes();
+        // On the stream allocations take blocks on, where the pool reuses
+        // them at once for the request (a passed block may go on either).
+        let allocations_on_legacy = self.reuses_on_legacy_stream();
         self.pending.release_cached(Keep::FewerLarge { by: bytes }, map, |ptr, in_legacy_order| {
-            self.return_to_pool(driver, ptr, in_legacy_order)
+            self.return_to_pool(driver, ptr, in_legacy_order || allocations_on_legacy)
         });
         drop(returning);
         self.cached_large_bytes() < before
