@@ -364,23 +364,19 @@ one_round() {
     scenario "$model/caching again" -- "${args[@]}" --label "$model/caching again"
   done
 
-  GEN=("$PY" scripts/bench_generate.py --requests "$GEN_REQUESTS" --warmup 2)
-  scenario generate/caching -- "${GEN[@]}" --label generate/caching
-  scenario generate/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${GEN[@]}" --label generate/caching-off
-  shim_scenario generate/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${GEN[@]}" \
-    --label generate/caching-off+shim
-  scenario generate/cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${GEN[@]}" \
-    --label generate/cudaMallocAsync
-  scenario "generate/caching again" -- "${GEN[@]}" --label "generate/caching again"
-
-  SCORE=("$PY" scripts/bench_scoring.py --passes 2)
-  scenario scoring/caching -- "${SCORE[@]}" --label scoring/caching
-  scenario scoring/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${SCORE[@]}" --label scoring/caching-off
-  shim_scenario scoring/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${SCORE[@]}" \
-    --label scoring/caching-off+shim
-  scenario scoring/cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${SCORE[@]}" \
-    --label scoring/cudaMallocAsync
-  scenario "scoring/caching again" -- "${SCORE[@]}" --label "scoring/caching again"
+  for gpt2 in generate scoring; do
+    case $gpt2 in
+      generate) GPT2=("$PY" scripts/bench_generate.py --requests "$GEN_REQUESTS" --warmup 2) ;;
+      scoring) GPT2=("$PY" scripts/bench_scoring.py --passes 2) ;;
+    esac
+    scenario "$gpt2/caching" -- "${GPT2[@]}" --label "$gpt2/caching"
+    scenario "$gpt2/caching-off" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${GPT2[@]}" --label "$gpt2/caching-off"
+    shim_scenario "$gpt2/caching-off+shim" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${GPT2[@]}" \
+      --label "$gpt2/caching-off+shim"
+    scenario "$gpt2/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${GPT2[@]}" \
+      --label "$gpt2/cudaMallocAsync"
+    scenario "$gpt2/caching again" -- "${GPT2[@]}" --label "$gpt2/caching again"
+  done
 
   CUPY=("$PY" scripts/bench_cupy.py --chains "$CUPY_CHAINS" --warmup 5)
   scenario cupy/pool -- "${CUPY[@]}" --mode pool --label cupy/pool

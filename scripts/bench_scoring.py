@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 
-from bench_generate import Decoder, open_gpt2
+from bench_generate import Decoder, HfGpt2, open_gpt2
 from bench_torch import allocator_from_env, log, run_and_report, shim_preloaded
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -71,16 +71,8 @@ class DecoderScorer(Decoder):
         return self.head(self.ln(x))
 
 
-class HfScorer:
+class HfScorer(HfGpt2):
     """transformers' GPT2LMHeadModel from its default config, random weights."""
-
-    def __init__(self, torch, device, dtype, smoke):
-        import transformers
-
-        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512) if smoke \
-            else transformers.GPT2Config()
-        self.vocab = config.vocab_size
-        self.model = transformers.GPT2LMHeadModel(config).to(device, dtype).eval()
 
     def logits(self, ids):
         return self.model(ids, use_cache=False).logits
