@@ -181,16 +181,18 @@ impl Allocator {
     fn trim_past_budget(&self, driver: &impl Gpu, device: &Device, size: u64, in_use: u64) {
         let holding = device.holding(driver, in_use + size);
         if holding.held > budget::allowed(holding.peak.max(holding.in_use)) && holding.pool_unused > 0 {
-            let counters = self.stats.counters(device.ordinal, device.host);
-            match device.trim_unused(driver) {
-                Ok(given) => counters.given_back.fetch_add(given, Ordering::Relaxed),
-                Err(e) => {
-                    log::debug!("device {}: trimming past the budget failed: {e:?}", device.ordinal);
-                    0
-                }
-            };
-            counters.tally().budget_give_backs.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.trim_for_budget(driver, device) {
+                log::debug!("device {}: trimming past the budget failed: {e:?}", device.ordinal);
+            }
+            self.stats.counters(device.ordinal, device.host).tally().budget_give_backs.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The pool of large requests gives back what it holds unused, counted as given back.
+    fn trim_for_budget(&self, driver: &impl Gpu, device: &Device) -> Result<(), AllocFailure> {
+        let given = device.trim_unused(driver)?;
+        self.stats.counters(device.ordinal, device.host).given_back.fetch_add(given, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Where a large request of `size` bytes comes from, after what the
@@ -223,17 +225,16 @@ impl Allocator {
             self.reclaim(driver, device, Wait::All);
             plan = replan();
         }
-        let counters = self.stats.counters(device.ordinal, device.host);
         if device.has_segments_to_release() {
             self.release_segments(driver, device);
         }
         if plan.trim_pool {
             gave_back = true;
-            counters.given_back.fetch_add(device.trim_unused(driver)?, Ordering::Relaxed);
+            self.trim_for_budget(driver, device)?;
         }
         if gave_back {
             log::debug!("device {}: {size} bytes asked, {in_use} in use: gave back within the budget", device.ordinal);
-            counters.tally().budget_give_backs.fetch_add(1, Ordering::Relaxed);
+            self.stats.counters(device.ordinal, device.host).tally().budget_give_backs.fetch_add(1, Ordering::Relaxed);
         }
         Ok(plan.source)
     }

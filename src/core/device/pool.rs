@@ -249,7 +249,7 @@ impl Device {
     /// fail), nor can one begin before this returns; the real allocator
     /// serves only then (a real allocation could break a capture on another
     /// thread). `trim`: give the pool's unused memory back to the driver
-    /// first (out of memory, or over the budget).
+    /// first (out of memory).
     pub fn alloc(&self, driver: &impl Gpu, size: u64, source: Source, legacy_allowed: bool, trim: bool) -> Result<u64, AllocFailure> {
         let stream = if legacy_allowed && self.reuses_on_legacy_stream() {
             Stream::LEGACY
@@ -363,8 +363,7 @@ impl Device {
     /// may be in progress. Returns the bytes given back.
     pub fn trim_unused(&self, driver: &impl Gpu) -> Result<u64, AllocFailure> {
         let _trimming = lock(&self.trimming);
-        driver.synchronize_stream(Stream::LEGACY).map_err(AllocFailure::Driver)?;
-        driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
+        self.wait_for_returns(driver, true)?;
         let reserved = || driver.pool_bytes(self.pool, PoolCounter::ReservedNow).unwrap_or(0);
         let before = reserved();
         driver.trim(self.pool, 0).map_err(AllocFailure::Driver)?;
@@ -433,11 +432,18 @@ impl Device {
     /// blocks are freed on (the pool stream, and the legacy stream unless a
     /// capture forbids it: `legacy_allowed`).
     fn trim(&self, driver: &impl Gpu, legacy_allowed: bool) -> Result<(), AllocFailure> {
+        self.wait_for_returns(driver, legacy_allowed)?;
+        self.pools().try_for_each(|pool| driver.trim(pool, 0)).map_err(AllocFailure::Driver)
+    }
+
+    /// The host waits for the streams blocks go back to the pools on (the
+    /// pool stream, and the legacy stream unless a capture forbids it), so
+    /// that a trim releases them.
+    fn wait_for_returns(&self, driver: &impl Gpu, legacy_allowed: bool) -> Result<(), AllocFailure> {
         if legacy_allowed {
             driver.synchronize_stream(Stream::LEGACY).map_err(AllocFailure::Driver)?;
         }
-        driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)?;
-        self.pools().try_for_each(|pool| driver.trim(pool, 0)).map_err(AllocFailure::Driver)
+        driver.synchronize_stream(self.pool_stream).map_err(AllocFailure::Driver)
     }
 
     /// Bytes the pools and the large blocks hold now, used or not.
