@@ -90,7 +90,7 @@ if ! build_fake_cuda "$FAKE" >>"$build_log" 2>&1; then
   echo "build of the test double in $FAKE failed" >>"$build_log"
 fi
 CUDA_TESTS=(routing ptrmap ordering legacy_stream stream_destroy_pending config threads oom pending_limit nopools reset peer capture callers
-  fork pitch pinned ipc ipc_server ipc_leases neighbours pointer_queries libraries held)
+  fork pitch pinned ipc ipc_server ipc_leases neighbours pointer_queries libraries held own_allocators)
 for t in "${CUDA_TESTS[@]}"; do
   build "$BIN/$t" "c_tests/cpu/$t.c" -L"$FAKE" -lcudart -lcuda -lpthread -ldl
 done
@@ -443,6 +443,9 @@ compare_settings "SOMA_MEMORY_LIMIT=64MiB, lazy GPU, a non-blocking stream (free
 # pitched allocations
 compare "memory held: varied, growing and burst large blocks within 1.25x of the program's peak" held
 compare "memory held, a non-blocking stream alive (frees joined)" held MAKE_NONBLOCKING_STREAM=1
+compare "the program's own stream-ordered pools get what it freed" own_allocators FAKECUDA_MEM_LIMIT=1073741824
+compare "the same, a non-blocking stream alive (frees joined)" own_allocators FAKECUDA_MEM_LIMIT=1073741824 MAKE_NONBLOCKING_STREAM=1
+compare "the same, the runtime resolving the driver by cuGetProcAddress" own_allocators FAKECUDA_MEM_LIMIT=1073741824 FAKECUDA_RT_PROCADDR=1
 compare "pitched allocations" pitch
 compare "pitched allocations, runtime resolving the driver by cuGetProcAddress" pitch FAKECUDA_RT_PROCADDR=1
 compare "pitched allocations SOMA_MAX_BYTES=64KiB (larger ones pass through)" pitch SOMA_MAX_BYTES=64KiB

@@ -167,6 +167,8 @@ streams_destroyed@internal_deps|streams_destroyed||SOMA_REUSE_INTERNAL_DEPS=1|1|
 mixed@internal_deps|mixed||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 errors@internal_deps|errors||SOMA_REUSE_INTERNAL_DEPS=1|1|-
 meminfo|meminfo||SOMA_MEMINFO=pool|1|-
+own_allocators|own_allocators|||1|-
+own_allocators@no_large|own_allocators||SOMA_LARGE_BLOCKS=0|1|-
 memory_limit|memory_limit||SOMA_MEMORY_LIMIT=4GiB|1|-
 memory_limit@nonblocking|memory_limit|--nonblocking|SOMA_MEMORY_LIMIT=4GiB|1|-
 memory_limit@share|memory_limit||SOMA_MEMORY_LIMIT=5%|1|-
@@ -245,7 +247,7 @@ EOF
 # The same programs built with the static runtime (all of them) and as
 # driver-API programs (those whose checks are about allocation and ordering).
 # own_context calls no runtime function: its static build is the same program.
-DRIVER_API_TESTS=" memory_limit host_pinned pointer_ops host_race streams race work_kinds legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes capture_free_race fork ipc ipc_errors ipc_lifetime "
+DRIVER_API_TESTS=" memory_limit own_allocators host_pinned pointer_ops host_race streams race work_kinds legacy_race free_sync threads capture reset streams_destroyed multi_device peer capture_modes capture_free_race fork ipc ipc_errors ipc_lifetime "
 while IFS='|' read -r name prog args envs gpus _; do
   case $name in *@* | own_context) continue ;; esac
   TESTS+=$'\n'"$name#static|$prog.static|$args|$envs|$gpus|-"

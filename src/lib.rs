@@ -344,6 +344,34 @@ driver_entry_points! {
         guarded(|| front::hooks::free_async(ptr, || INVALID_VALUE, real), real)
     }
 
+    // The program's own allocators: the real functions, with room made
+    // where the shim holds memory the program freed (`hooks::with_room`).
+
+    pub unsafe extern "C" fn cuMemAllocAsync(ptr: *mut u64, size: usize, stream: Handle) -> u32 {
+        let real = || unsafe { cu::cuMemAllocAsync(ptr, size, stream) };
+        guarded(|| front::hooks::with_room(real), real)
+    }
+
+    pub unsafe extern "C" fn cuMemAllocAsync_ptsz(ptr: *mut u64, size: usize, stream: Handle) -> u32 {
+        let real = || unsafe { cu::cuMemAllocAsync_ptsz(ptr, size, stream) };
+        guarded(|| front::hooks::with_room(real), real)
+    }
+
+    pub unsafe extern "C" fn cuMemAllocFromPoolAsync(ptr: *mut u64, size: usize, pool: Handle, stream: Handle) -> u32 {
+        let real = || unsafe { cu::cuMemAllocFromPoolAsync(ptr, size, pool, stream) };
+        guarded(|| front::hooks::with_room(real), real)
+    }
+
+    pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(ptr: *mut u64, size: usize, pool: Handle, stream: Handle) -> u32 {
+        let real = || unsafe { cu::cuMemAllocFromPoolAsync_ptsz(ptr, size, pool, stream) };
+        guarded(|| front::hooks::with_room(real), real)
+    }
+
+    pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> u32 {
+        let real = || unsafe { cu::cuMemCreate(handle, size, prop, flags) };
+        guarded(|| front::hooks::with_room(real), real)
+    }
+
     pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> u32 {
         let real = || unsafe { cu::cuStreamCreate(stream, flags) };
         guarded(|| unsafe { front::hooks::stream_create(stream, flags, real) }, real)

@@ -228,6 +228,18 @@ static inline size_t fill_and_verify(void *d, size_t bytes, unsigned seed, cudaS
   return count_bad_host(host, n, seed);
 }
 
+/* A stream-ordered pool of the program's own on device 0 (pinned device memory). */
+static inline cudaMemPool_t make_own_pool(void) {
+  cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  cudaMemPool_t pool = NULL;
+  CHECK_CUDA(cudaMemPoolCreate(&pool, &props));
+  return pool;
+}
+
 /* Read back one 64-bit counter (synchronizes the device). */
 static inline unsigned long long read_counter(const unsigned long long *d) {
   unsigned long long h = ~0ULL;

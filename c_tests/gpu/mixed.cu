@@ -82,13 +82,7 @@ int main(void) {
   still("survivor", keep, N, 1);
 
   /* 3. the program's own pool */
-  cudaMemPool_t pool;
-  cudaMemPoolProps pp;
-  memset(&pp, 0, sizeof pp);
-  pp.allocType = cudaMemAllocationTypePinned;
-  pp.location.type = cudaMemLocationTypeDevice;
-  pp.location.id = 0;
-  CHECK_CUDA(cudaMemPoolCreate(&pool, &pp));
+  cudaMemPool_t pool = make_own_pool();
   void *c = NULL;
   CHECK_CUDA(cudaMallocFromPoolAsync(&c, N, pool, s));
   use("own pool ptr", c, N, 5);

@@ -159,6 +159,9 @@ pub struct Stats {
     pub passed_frees: AtomicU64,
     /// Barrier waits issued on a stream just before its next work.
     pub waits_before_work: AtomicU64,
+    /// Times the program's own allocators (its stream-ordered pools, virtual
+    /// memory) were out of memory and the pools gave back for them.
+    pub room_for_own_allocators: AtomicU64,
     pub alloc_time: Timing,
     pub free_time: Timing,
     pub host_alloc_time: Timing,
@@ -174,6 +177,7 @@ impl Default for Stats {
             passed_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             passed_frees: AtomicU64::new(0),
             waits_before_work: AtomicU64::new(0),
+            room_for_own_allocators: AtomicU64::new(0),
             alloc_time: Timing::default(),
             free_time: Timing::default(),
             host_alloc_time: Timing::default(),
@@ -309,6 +313,11 @@ impl Stats {
             count(&mut out, "frees of other pointers", frees);
             any = true;
         }
+        let room = self.room_for_own_allocators.load(Relaxed);
+        if room > 0 {
+            count(&mut out, "out of memory, room made", room);
+            any = true;
+        }
         if !any {
             out.push_str("  nothing\n");
         }
@@ -415,6 +424,7 @@ mod tests {
         add_saturating(&d.batch_nanos, 900_000);
         add_saturating(&d.streams_asked, 5);
         stats.waits_before_work.fetch_add(4, Relaxed);
+        stats.room_for_own_allocators.fetch_add(3, Relaxed);
         let report = stats.report(7, 0, |d, host| {
             (d == 1 && !host).then_some(PoolPeaks { used_high: 3 << 20, reserved_high: 32 << 20 })
         });
@@ -426,6 +436,7 @@ mod tests {
         assert!(report.contains("peak reserved (pool)") && report.contains("32.0 MiB"), "{report}");
         assert!(report.contains("ZeroSize") && report.contains("SizeOutOfRange") && report.contains("5.0 GiB"));
         assert!(report.contains("frees of other pointers"), "{report}");
+        assert!(report.contains("  out of memory, room made               3\n"), "{report}");
         assert!(report.contains("1.50 us"), "{report}");
         assert!(report.contains("  non-blocking streams, most           131\n"), "{report}");
         assert!(report.contains("  host time ordering a batch     450.00 us\n"), "{report}");

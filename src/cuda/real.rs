@@ -254,6 +254,10 @@ pub mod driver {
         cuMemAlloc_v2(ptr: *mut u64, size: usize);
         cuMemAllocPitch_v2(ptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint);
         cuMemFree_v2(ptr: u64);
+        cuMemAllocAsync(ptr: *mut u64, size: usize, stream: *mut c_void);
+        cuMemAllocAsync_ptsz(ptr: *mut u64, size: usize, stream: *mut c_void);
+        cuMemAllocFromPoolAsync_ptsz(ptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void);
+        cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64);
         cuMemAllocHost_v2(ptr: *mut *mut c_void, size: usize);
         cuMemHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint);
         cuMemFreeHost(ptr: *mut c_void);

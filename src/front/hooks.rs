@@ -12,7 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use super::caller::CallerFilter;
-use super::process::{allocator, arm_process_handlers};
+use super::process::{allocator, allocator_if_made, arm_process_handlers};
 use crate::core::allocator::alloc::Unserved;
 use crate::core::allocator::free::Freed;
 use crate::core::allocator::state::Allocator;
@@ -138,6 +138,30 @@ fn answered_by_real(allocator: &Allocator, reason: Passthrough, bytes: u64, call
         }
     }
     rc
+}
+
+/// An allocation by the program's own allocators (`cuMemAllocAsync`,
+/// `cuMemAllocFromPoolAsync`, `cuMemCreate`), which the real function makes:
+/// where it finds the device out of memory while the shim holds memory the
+/// program freed (free again at once natively), the shim gives that back and
+/// the function runs once more.
+pub fn with_room(real: impl Fn() -> u32) -> u32 {
+    let rc = real();
+    if rc != OUT_OF_MEMORY {
+        return rc;
+    }
+    let (Some(allocator), Some(driver)) = (allocator_if_made(), driver::loaded()) else {
+        return rc;
+    };
+    // During a capture nothing goes back, and a second call would add to the graph.
+    if allocator.capture_in_progress() {
+        return rc;
+    }
+    // Tried again even where this thread gave back nothing: the reclaimer
+    // may have just released what the program freed.
+    let given = allocator.make_room_for_own_allocators(driver);
+    log::debug!("the program's own allocation was out of memory: {given} bytes given back for it");
+    real()
 }
 
 /// `cudaMallocPitch`/`cuMemAllocPitch`: `height` rows of `width` bytes,

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::state::Allocator;
-use crate::core::device::budget::{self, Source};
+use crate::core::device::budget::{self, Holding, Source};
 use crate::core::device::ordering::Wait;
 use crate::core::device::pool::{AllocFailure, Device};
 use crate::core::locks::read;
@@ -195,8 +195,9 @@ impl Allocator {
         Ok(())
     }
 
-    /// Where a large request of `size` bytes comes from, after what the
-    /// device holds was brought within its budget for it (`budget::plan`):
+    /// Where a large request of `size` bytes comes from (`budget::source`,
+    /// decided once), after what the device holds was brought within its
+    /// budget for it (`budget::plan`):
     /// cached large blocks of other sizes go back (the pool's to the pool,
     /// which may then serve the request; the real allocator's with the real
     /// free, once, after the device finished its work, as the program's own
@@ -205,8 +206,15 @@ impl Allocator {
     /// unused memory. No capture may be in progress. `in_use`: the program's
     /// bytes on the device.
     fn make_room_for_large(&self, driver: &impl Gpu, device: &Device, size: u64, in_use: u64) -> Result<Source, AllocFailure> {
-        let replan = || budget::plan(size, &device.holding(driver, in_use));
-        let mut plan = replan();
+        let holding = device.holding(driver, in_use);
+        let source = budget::source(size, &holding);
+        let plan_on = |holding: Holding| {
+            let plan = budget::plan(size, &holding, source);
+            log::trace!("device {}: {size} bytes asked, from {source:?}: {holding:?}: {plan:?}", device.ordinal);
+            plan
+        };
+        let replan = || plan_on(device.holding(driver, in_use));
+        let mut plan = plan_on(holding);
         let mut gave_back = false;
         let mut waited = false;
         loop {
@@ -236,6 +244,6 @@ impl Allocator {
             log::debug!("device {}: {size} bytes asked, {in_use} in use: gave back within the budget", device.ordinal);
             self.stats.counters(device.ordinal, device.host).tally().budget_give_backs.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(plan.source)
+        Ok(source)
     }
 }

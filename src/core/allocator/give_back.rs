@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::state::Allocator;
+use crate::core::device::ordering::Wait;
 use crate::core::device::pool::Device;
 use crate::core::locks::read;
 use crate::cuda::gpu::Gpu;
@@ -89,6 +90,29 @@ impl Allocator {
     pub fn give_back(&self, driver: &impl Gpu, uuid: Option<[u8; 16]>) -> u64 {
         let pools = self.every_pool().filter(|device| uuid.map_or(true, |uuid| !device.host && device.uuid == uuid));
         self.give_back_from(driver, pools, |device| device.give_back(driver, &self.map))
+    }
+
+    /// The program's own allocators (its stream-ordered pools, its virtual
+    /// memory) found the devices out of memory: memory the program freed to
+    /// the shim would be free for them natively, so every device pool waits
+    /// for its frees, as the real frees would have, and gives back all it
+    /// holds unused. Bytes given back.
+    pub fn make_room_for_own_allocators(&self, driver: &impl Gpu) -> u64 {
+        let pools = self.every_pool().filter(|device| !device.host);
+        let given = self.give_back_from(driver, pools, |device| {
+            self.reclaim(driver, device, Wait::All);
+            // The cached large blocks first, waiting for a return another
+            // thread began (`give_back` would leave the cache to it).
+            device.give_back_cached_large(driver, &self.map, u64::MAX);
+            let given = device.give_back(driver, &self.map);
+            // Blocks just returned to the pool count as used there until
+            // their frees pass: once they have, they go too.
+            given + device.trim_unused(driver).unwrap_or(0)
+        });
+        if given > 0 {
+            self.stats.room_for_own_allocators.fetch_add(1, Relaxed);
+        }
+        given
     }
 
     /// The figures of the pool at `index` (devices first, then pinned host pools).
