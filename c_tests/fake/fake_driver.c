@@ -1613,6 +1613,18 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
   return r;
 }
 
+/* From the current device's pool, which in this double is always its default one. */
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  NEED_INIT();
+  CUdevice dev;
+  CUresult r = cuCtxGetDevice(&dev);
+  if (r) return r;
+  CUmemoryPool pool;
+  r = cuDeviceGetDefaultMemPool(&pool, dev);
+  if (r) return r;
+  return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+}
+
 /* Is the free of block a on s ordered after all earlier work on every stream
  * of the block's device (of every device, for host memory) that may have touched it (work that touched it, and
  * work whose memory is not known)? Work on other blocks is left out, so that
@@ -2084,6 +2096,7 @@ static const struct { const char *name; void *fn; } g_procs[] = {
     PROC("cuMemFree", cuMemFree_v2),
     PROC("cuMemGetInfo", cuMemGetInfo_v2),
     PROC("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync),
+    PROC("cuMemAllocAsync", cuMemAllocAsync),
     PROC("cuMemFreeAsync", cuMemFreeAsync),
     PROC("cuMemAllocHost", cuMemAllocHost_v2),
     PROC("cuMemHostAlloc", cuMemHostAlloc),

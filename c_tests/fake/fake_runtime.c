@@ -36,7 +36,6 @@
   X(cuInit, "cuInit")                                           \
   X(cuDeviceGetCount, "cuDeviceGetCount")                       \
   X(cuDeviceGetAttribute, "cuDeviceGetAttribute")               \
-  X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool")     \
   X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")       \
   X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease")  \
   X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset")      \
@@ -58,7 +57,7 @@
   X(cuMemAllocPitch_v2, "cuMemAllocPitch")                      \
   X(cuMemFree_v2, "cuMemFree")                                  \
   X(cuMemGetInfo_v2, "cuMemGetInfo")                            \
-  X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")         \
+  X(cuMemAllocAsync, "cuMemAllocAsync")                         \
   X(cuMemFreeAsync, "cuMemFreeAsync")                           \
   X(cuMemAllocHost_v2, "cuMemAllocHost")                        \
   X(cuMemHostAlloc, "cuMemHostAlloc")                           \
@@ -386,18 +385,14 @@ cudaError_t cudaFree(void *devPtr) {
 
 cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream) {
   if (!devPtr) return seterr(cudaErrorInvalidValue);
-  int dev;
-  cudaError_t e = rt_ctx(&dev);
+  cudaError_t e = rt_ctx(NULL);
   if (e) return seterr(e);
   if (size == 0) {
     *devPtr = NULL;
     return cudaSuccess;
   }
-  CUmemoryPool pool;
-  CUresult r = d_cuDeviceGetDefaultMemPool(&pool, dev);
-  if (r) return rterr(r);
   CUdeviceptr d = 0;
-  r = d_cuMemAllocFromPoolAsync(&d, size, pool, (CUstream)hStream);
+  CUresult r = d_cuMemAllocAsync(&d, size, (CUstream)hStream);
   if (r) {
     *devPtr = NULL;
     return rterr(r);

@@ -112,7 +112,8 @@ extern "C" {
  * fakecuda_snapshot() (consistent copy) and compare before/after. */
 struct fakecuda_counters {
   /* Allocations by kind. plain: cuMemAlloc (the runtime's cudaMalloc).
-   * pool: cuMemAllocFromPoolAsync (the runtime's cudaMallocAsync). A *_frees
+   * pool: cuMemAllocAsync (the runtime's cudaMallocAsync) and
+   * cuMemAllocFromPoolAsync. A *_frees
    * counter counts frees of that kind of allocation, whatever the call
    * (cuMemFree, cuMemFreeAsync, cudaFree, cudaFreeAsync). */
   uint64_t plain_allocs, plain_frees;

@@ -1598,6 +1598,28 @@ fn large_blocks_come_from_the_real_allocator_and_go_back_to_it_after_their_work(
     }
 }
 
+/// The program's own allocators out of memory: every pool gives back what
+/// the program freed, the small blocks' pool too, though the frees that
+/// return the blocks there wait behind work on the legacy stream when the
+/// room is asked for.
+#[test]
+fn room_for_the_programs_own_allocators_comes_from_every_pool() {
+    for small_blocks in ["4MiB", "0"] {
+        let gpu = SimGpu::new(13, CAPACITY);
+        let shim = allocator(&[("SOMA_SMALL_BLOCKS", small_blocks)]);
+        let blocks: Vec<u64> = (0..8).map(|_| Shim::malloc(&shim, &gpu, 2 * MIB).expect("pooled")).collect();
+        for &ptr in &blocks {
+            shim.launch(&gpu, Stream::LEGACY, Some(Touch { ptr, generation: gpu.next_generation(ptr) }));
+            Shim::free(&shim, &gpu, ptr);
+        }
+        let given = shim.make_room_for_own_allocators(&gpu);
+        assert!(given >= 14 * MIB, "SOMA_SMALL_BLOCKS={small_blocks}: {given} bytes given back of 16 MiB freed");
+        gpu.drain();
+        let v = gpu.violations();
+        assert!(v.early_reuse.is_empty() && v.misuse.is_empty(), "SOMA_SMALL_BLOCKS={small_blocks}: {v:?}");
+    }
+}
+
 /// The model catches a real free of a large block while its work runs: the
 /// check above has teeth.
 #[test]

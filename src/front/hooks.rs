@@ -153,8 +153,9 @@ pub fn with_room(real: impl Fn() -> u32) -> u32 {
     let (Some(allocator), Some(driver)) = (allocator_if_made(), driver::loaded()) else {
         return rc;
     };
-    // During a capture nothing goes back, and a second call would add to the graph.
-    if allocator.capture_in_progress() {
+    // Disabled, every call is left as it is; during a capture nothing goes
+    // back, and a second call would add to the graph.
+    if allocator.config.disable || allocator.capture_in_progress() {
         return rc;
     }
     // Tried again even where this thread gave back nothing: the reclaimer

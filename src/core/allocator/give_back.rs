@@ -105,9 +105,9 @@ impl Allocator {
             // thread began (`give_back` would leave the cache to it).
             device.give_back_cached_large(driver, &self.map, u64::MAX);
             let given = device.give_back(driver, &self.map);
-            // Blocks just returned to the pool count as used there until
+            // Blocks just returned to the pools count as used there until
             // their frees pass: once they have, they go too.
-            given + device.trim_unused(driver).unwrap_or(0)
+            given + device.trim_every_pool(driver).unwrap_or(0)
         });
         if given > 0 {
             self.stats.room_for_own_allocators.fetch_add(1, Relaxed);

@@ -234,7 +234,7 @@ impl Device {
         }
     }
 
-    pub(super) fn pools(&self) -> impl Iterator<Item = Pool> {
+    pub(super) fn pools(&self) -> impl Iterator<Item = Pool> + Clone {
         std::iter::once(self.pool).chain(self.small_pool)
     }
 
@@ -362,11 +362,20 @@ impl Device {
     /// driver, after the host waited for the frees in it to pass. No capture
     /// may be in progress. Returns the bytes given back.
     pub fn trim_unused(&self, driver: &impl Gpu) -> Result<u64, AllocFailure> {
+        self.trim_after_returns(driver, std::iter::once(self.pool))
+    }
+
+    /// As `trim_unused`, for every pool of the device (small blocks' too).
+    pub fn trim_every_pool(&self, driver: &impl Gpu) -> Result<u64, AllocFailure> {
+        self.trim_after_returns(driver, self.pools())
+    }
+
+    fn trim_after_returns(&self, driver: &impl Gpu, pools: impl Iterator<Item = Pool> + Clone) -> Result<u64, AllocFailure> {
         let _trimming = lock(&self.trimming);
         self.wait_for_returns(driver, true)?;
-        let reserved = || driver.pool_bytes(self.pool, PoolCounter::ReservedNow).unwrap_or(0);
+        let reserved = || pools.clone().map(|pool| driver.pool_bytes(pool, PoolCounter::ReservedNow).unwrap_or(0)).sum::<u64>();
         let before = reserved();
-        driver.trim(self.pool, 0).map_err(AllocFailure::Driver)?;
+        pools.clone().try_for_each(|pool| driver.trim(pool, 0)).map_err(AllocFailure::Driver)?;
         Ok(before.saturating_sub(reserved()))
     }
 
