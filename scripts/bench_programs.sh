@@ -34,7 +34,8 @@
 # pool's first growth weighs on their median: docs/BENCHMARKS.md, "DDP, two ranks"),
 # BENCH_CUPY_CHAINS (40), BENCH_GEN_REQUESTS (12 generation requests after 2 of warm-up), BENCH_TIMEOUT (90: seconds per scenario, then it is killed
 # and reported), BENCH_ONLY (a bash regex on scenario names, e.g. 'transformer|cupy'),
-# BENCH_SHIM_VARIANTS (';'-separated groups of SOMA_* settings: each runs every shim
+# BENCH_PIN (1: every run but DDP's on the CPUs of GPU 0's NUMA node, with taskset; 0:
+# not pinned), BENCH_SHIM_VARIANTS (';'-separated groups of SOMA_* settings: each runs every shim
 # scenario once more with them, named SCENARIO[SETTINGS], in the same rounds; e.g.
 # 'SOMA_LEGACY_CACHE=off' measures the shim without its legacy-order cache; a group may
 # also hold LD_PRELOAD=/absolute/path/other.so, which runs another build of the shim in
@@ -210,6 +211,18 @@ def table(path):
                  fmt(ratios.median([r.get("peak_reserved_mib") for r in these]), ".0f"), pool, check)
         print("  ".join(c.ljust(x) if i == 0 else c.rjust(x) for i, (c, x) in enumerate(zip(cells, w))))
     print()
+    # One line a row against its reference (shim rows: the group's fastest own allocator;
+    # others: the group's first row), with the noise floor of its program beside it.
+    for name in names:
+        baseline = base[group(name)]
+        if name in (baseline, baseline + AGAIN):
+            continue
+        best = best_own(name)
+        against = best if "+shim" in name and best else baseline
+        noise = ratios.per_round(by_round(baseline + AGAIN, ms_of), by_round(baseline, ms_of)) \
+            if baseline + AGAIN in runs else None
+        print(ratios.ratio_line(name, ratios.per_round(by_round(name, ms_of), by_round(against, ms_of)), against, noise))
+    print()
     print("ms: median per training step (transformer, resnet, ddp2: rank 0), per generated token (generate),")
     print("  per pass over the 28 shapes (scoring), per array chain (cupy) or per process that imports torch (import),")
     print("  after the warm-up (scoring: both passes), in each run; the table gives the median over the rounds and")
@@ -221,6 +234,8 @@ def table(path):
     print("  the row ' again' is that allocator run a second time in the round: its ratio is the noise floor.")
     print("  x best own (shim rows): against the group's fastest own allocator (" + ", ".join(OWN) + ") in the same round.")
     print("  " + ratios.LEGEND + ".")
+    print("ratio: each row's time against its reference, as above, with its program's noise floor; where the")
+    print(f"  interval is wider than {ratios.RESOLUTION:.2f}, or one round gave it, the line says it cannot resolve 5%.")
     print("dev MiB: peak device memory in use (cudaMemGetInfo total - free, probed during and after every")
     print("  step) minus the value before the model, median over the rounds; the one figure comparable")
     print("  across allocators; x base: its median per-round ratio.")
@@ -256,6 +271,14 @@ if nvidia-smi -L >/dev/null 2>&1; then
 else
   NGPU=0
   say "GPU: nvidia-smi failed (no GPU or no driver): the runs below will report errors"
+fi
+# Every process but DDP's runs on the CPUs of GPU 0's NUMA node; the GPU's own settings
+# are left as they are. BENCH_PIN=0: not pinned.
+PIN=()
+if [ "$NGPU" -gt 0 ] && [ "${BENCH_PIN:-1}" = 1 ] && command -v taskset >/dev/null; then
+  CPUS=$(scripts/gpu_cpus.sh)
+  [ -n "$CPUS" ] && PIN=(taskset -c "$CPUS")
+  say "pinned to: ${CPUS:-nothing (the CPUs of GPU 0 not found)}"
 fi
 say "python: $($PY -c 'import sys; print(sys.version.split()[0])' 2>&1)"
 say "torch: $($PY -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>&1 | tail -n 1)"
@@ -306,7 +329,9 @@ scenario() {
     : >"$f.out"
     rc=1
   else
-    timeout -k 10 "$T" env "${envs[@]}" "$@" >"$f.out" 2>"$f.err"
+    local pin=("${PIN[@]}")
+    [[ $name == ddp2/* ]] && pin=() # two ranks, two GPUs
+    timeout -k 10 "$T" env "${envs[@]}" "${pin[@]}" "$@" >"$f.out" 2>"$f.err"
     rc=$?
   fi
   local line

@@ -12,7 +12,9 @@ versions and machine, to OUT/COMPATIBILITY.md.
 Times are each run's median step. With --rounds N the row's runs take turns N
 times (native, shim, own allocator, native again), and each ratio is the
 median of the rounds' ratios with its interval (scripts/ratios.py); the
-second native run gives the noise floor. Exit status 1 if a
+second native run gives the noise floor, and a `ratio:` line a row says whether
+its interval resolves 5%. Every run is pinned to the CPUs of GPU 0's NUMA node
+(scripts/gpu_cpus.sh; BENCH_PIN=0: not pinned). Exit status 1 if a
 row differs or fails, 0 otherwise (rows whose framework is not installed are
 listed as skipped).
 """
@@ -157,6 +159,21 @@ def fmt_ms(ms):
     return "-" if ms is None else f"{ms:.3f}"
 
 
+def pin_to_gpu_cpus():
+    """Runs this process and its children on the CPUs of GPU 0's NUMA node, where known."""
+    if os.environ.get("BENCH_PIN", "1") != "1":
+        return "not pinned (BENCH_PIN)"
+    listed = subprocess.run([os.path.join(ROOT, "scripts", "gpu_cpus.sh")], capture_output=True, text=True).stdout.strip()
+    if not listed:
+        return "not pinned (the CPUs of GPU 0 not found)"
+    cpus = set()
+    for part in listed.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    os.sched_setaffinity(0, cpus)
+    return f"pinned to CPUs {listed}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shim")
@@ -167,6 +184,7 @@ def main():
     shim = os.path.abspath(args.shim)
     os.makedirs(args.out, exist_ok=True)
     found, machine = versions()
+    machine += "; " + pin_to_gpu_cpus()
     sanitized = Sanitized(shim, args.out)
     wanted = [row for row in ROWS if re.search(args.only, row.name)]
     have = {m: found.get(m, "-") != "-" for m in ("torch", "transformers", "jax", "cupy")}
@@ -191,7 +209,7 @@ def main():
             return rc or 1, None, None, None
         return 0, res["result"], res["ms"], res["mib"]
 
-    table, failures = [], 0
+    table, ratio_lines, failures = [], [], 0
     for index, row in enumerate(ROWS):
         if row not in wanted:
             continue
@@ -225,6 +243,11 @@ def main():
         median_ms = lambda k: ratios.median(list(ms[k].values()))
         own_cell = ratios.cell(ratios.per_round(ms["shim"], ms["own"])) if row.own else "-"
         noise = ratios.cell(ratios.per_round(ms["again"], ms["native"])) if args.rounds > 1 else "-"
+        if args.rounds > 1:
+            # Against the program's own allocator where it has one, else native; the noise beside it.
+            reference = "own" if row.own else "native"
+            ratio_lines.append(ratios.ratio_line(row.name, ratios.per_round(ms["shim"], ms[reference]), reference,
+                                                 ratios.per_round(ms["again"], ms["native"])))
         table.append((row.name, show(results["native"]), show(results["shim"]), verdict, fmt_ms(median_ms("native")),
                       fmt_ms(median_ms("shim")), ratios.cell(ratios.per_round(ms["shim"], ms["native"])), own_cell,
                       noise, f"{mib['native'] or '-'} / {mib['shim'] or '-'}" + (f" / {mib['own']}" if mib["own"] else ""),
@@ -244,7 +267,7 @@ def main():
         f"ms: the median over the rounds of each run's median step; {ratios.LEGEND}.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(found.items())),
         "",
-    ] + lines
+    ] + lines + ([""] + ratio_lines if ratio_lines else [])
     text = "\n".join(report) + "\n"
     with open(os.path.join(args.out, "COMPATIBILITY.md"), "w") as f:
         f.write(text)

@@ -929,6 +929,11 @@ PYEOF
   grep -qE '^generate/caching again .* 1\.00x \[0\.95-1\.05\] noise ' "$RUNS/$KEY.table" ||
     problems+=("no noise floor row" "$(cat "$RUNS/$KEY.table")")
   grep -qE '^generate/.* FAIL tokens$' "$RUNS/$KEY.table" && problems+=("equal tokens called different")
+  # The ratio lines: the shim's resolves 5% (its interval 0.01 wide), caching-off's does not (0.19).
+  grep -qxF 'ratio: generate/caching-off+shim = 1.06x [1.05-1.06] against generate/cudaMallocAsync; noise 1.00x [0.95-1.05]' \
+    "$RUNS/$KEY.table" || problems+=("no ratio line for the shim's row" "$(cat "$RUNS/$KEY.table")")
+  grep -qE '^ratio: generate/caching-off = 2\.00x \[1\.86-2\.05\] against generate/caching; noise .*: cannot resolve 5%$' \
+    "$RUNS/$KEY.table" || problems+=("a wide interval not called so" "$(grep '^ratio' "$RUNS/$KEY.table")")
   checked "benchmark ratios (scripts/ratios.py, the program benchmarks' table)" "${problems[@]}"
 fi
 

@@ -55,6 +55,23 @@ def cell(ratios):
     return f"{m:.2f}x" + (f" [{span[0]:.2f}-{span[1]:.2f}]" if span else "")
 
 
+# The widest interval that still resolves a 5% gap (1.05x against 1.00x, say).
+RESOLUTION = 0.10
+
+
+def ratio_line(name, ratios, against, noise=None):
+    """'ratio: NAME = 1.02x [0.97-1.06] against AGAINST; noise 1.00x [0.98-1.03]': a row's
+    per-round ratios and its program's noise floor, saying where the interval is too wide
+    (or the rounds too few) to resolve a 5% gap."""
+    line = f"ratio: {name} = {cell(ratios)} against {against}"
+    if noise is not None:
+        line += f"; noise {cell(noise)}"
+    span = interval(ratios)
+    if span is None or span[1] - span[0] > RESOLUTION:
+        line += f"; interval wider than {RESOLUTION:.2f}: cannot resolve 5%"
+    return line
+
+
 LEGEND = ("ratios: the median of the per-round ratios [its interval: order statistics, at least 90% "
           "confidence from 5 rounds on (94% with 5); with fewer, the range (75% with 3)]; noise floor: an "
           "allocator against a second run of itself in the same round")
@@ -69,4 +86,8 @@ if __name__ == "__main__":
     assert interval([1.0]) is None
     assert per_round({1: 2.0, 2: 3.0, 3: None}, {1: 1.0, 2: 2.0, 3: 1.0}) == [2.0, 1.5]
     assert cell([1.0, 1.02, 1.04, 0.98, 1.01]) == "1.01x [0.98-1.04]"
-    print("ratios.py: 6 checks passed")
+    narrow = ratio_line("a/b", [1.0, 1.02, 1.04, 0.98, 1.01], "a/c", [1.0, 0.99, 1.01, 1.0, 1.02])
+    assert narrow == "ratio: a/b = 1.01x [0.98-1.04] against a/c; noise 1.00x [0.99-1.02]", narrow
+    assert ratio_line("a/b", [1.0, 1.2, 0.9, 1.1, 1.0], "a/c").endswith("; interval wider than 0.10: cannot resolve 5%")
+    assert ratio_line("a/b", [1.0], "a/c").endswith("cannot resolve 5%"), "one round resolves nothing"
+    print("ratios.py: 9 checks passed")
