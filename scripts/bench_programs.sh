@@ -369,6 +369,21 @@ shim_scenario() {
   done
 }
 
+# torch_rows GROUP COMMAND...: GROUP under PyTorch's allocators: caching (the baseline),
+# caching off, caching off under the shim (with SHIM_ENV's settings too), cudaMallocAsync
+# and caching again (the noise floor), each run as COMMAND --label GROUP/ROW.
+torch_rows() {
+  local group=$1 shim_env
+  shift
+  read -r -a shim_env <<<"${SHIM_ENV:-}"
+  scenario "$group/caching" -- "$@" --label "$group/caching"
+  scenario "$group/caching-off" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "$@" --label "$group/caching-off"
+  shim_scenario "$group/caching-off+shim" PYTORCH_NO_CUDA_MEMORY_CACHING=1 "${shim_env[@]}" -- "$@" \
+    --label "$group/caching-off+shim"
+  scenario "$group/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "$@" --label "$group/cudaMallocAsync"
+  scenario "$group/caching again" -- "$@" --label "$group/caching again"
+}
+
 # One round: every scenario once.
 one_round() {
   IMPORT=("$PY" scripts/bench_import.py --module torch --imports 3 --warmup 1)
@@ -379,14 +394,7 @@ one_round() {
   for model in transformer resnet; do
     steps=$STEPS
     [ "$model" = resnet ] && steps=$RESNET_STEPS
-    args=("$PY" scripts/bench_torch.py --model "$model" --steps "$steps" --warmup "$WARMUP")
-    scenario "$model/caching" -- "${args[@]}" --label "$model/caching"
-    scenario "$model/caching-off" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${args[@]}" --label "$model/caching-off"
-    shim_scenario "$model/caching-off+shim" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${args[@]}" \
-      --label "$model/caching-off+shim"
-    scenario "$model/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${args[@]}" \
-      --label "$model/cudaMallocAsync"
-    scenario "$model/caching again" -- "${args[@]}" --label "$model/caching again"
+    torch_rows "$model" "$PY" scripts/bench_torch.py --model "$model" --steps "$steps" --warmup "$WARMUP"
   done
 
   for gpt2 in generate scoring; do
@@ -394,13 +402,7 @@ one_round() {
       generate) GPT2=("$PY" scripts/bench_generate.py --requests "$GEN_REQUESTS" --warmup 2) ;;
       scoring) GPT2=("$PY" scripts/bench_scoring.py --passes 2) ;;
     esac
-    scenario "$gpt2/caching" -- "${GPT2[@]}" --label "$gpt2/caching"
-    scenario "$gpt2/caching-off" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${GPT2[@]}" --label "$gpt2/caching-off"
-    shim_scenario "$gpt2/caching-off+shim" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${GPT2[@]}" \
-      --label "$gpt2/caching-off+shim"
-    scenario "$gpt2/cudaMallocAsync" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${GPT2[@]}" \
-      --label "$gpt2/cudaMallocAsync"
-    scenario "$gpt2/caching again" -- "${GPT2[@]}" --label "$gpt2/caching again"
+    torch_rows "$gpt2" "${GPT2[@]}"
   done
 
   CUPY=("$PY" scripts/bench_cupy.py --chains "$CUPY_CHAINS" --warmup 5)
@@ -412,14 +414,8 @@ one_round() {
   if [ "$NGPU" -ge 2 ]; then
     DDP=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2 scripts/bench_ddp.py
       --steps "$DDP_STEPS" --warmup "$WARMUP" --timeout "$T")
-    scenario ddp2/caching -- "${DDP[@]}" --label ddp2/caching
-    scenario ddp2/caching-off PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- "${DDP[@]}" --label ddp2/caching-off
     # SOMA_STATS=1: each rank's table goes to stderr, into the log (one file would be overwritten).
-    shim_scenario ddp2/caching-off+shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 SOMA_STATS=1 -- "${DDP[@]}" \
-      --label ddp2/caching-off+shim
-    scenario ddp2/cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync -- "${DDP[@]}" \
-      --label ddp2/cudaMallocAsync
-    scenario "ddp2/caching again" -- "${DDP[@]}" --label "ddp2/caching again"
+    SHIM_ENV=SOMA_STATS=1 torch_rows ddp2 "${DDP[@]}"
   fi
 }
 
